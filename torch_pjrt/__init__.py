@@ -1,0 +1,1 @@
+"""torch-pjrt: a native PyTorch device for every PJRT accelerator."""

@@ -1,0 +1,42 @@
+"""The one mapping between torch dtypes and JAX dtypes."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+# torch dtype -> numpy/JAX dtype. float8 types exist in both under the same names.
+TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+for _name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"):
+    if hasattr(torch, _name) and hasattr(ml_dtypes, _name):
+        TORCH_TO_JAX[getattr(torch, _name)] = np.dtype(getattr(ml_dtypes, _name))
+
+JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+
+def to_jax(dtype: torch.dtype) -> np.dtype:
+    """The JAX dtype of a torch dtype; a TypeError names a dtype JAX cannot hold."""
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"pjrt: dtype {dtype} is not supported by torch-pjrt (JAX has no equivalent)") from None
+
+
+def to_torch(dtype) -> torch.dtype:
+    return JAX_TO_TORCH[np.dtype(dtype)]
