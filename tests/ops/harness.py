@@ -1,0 +1,81 @@
+"""Compare an aten op on pjrt with the same op on CPU torch (the reference).
+
+`check(op, *args, **kwargs)` runs `op` on CPU tensors, then on pjrt copies of them, and
+compares every output (and every argument the op writes) with torch.testing.assert_close.
+Before the device runtime is importable it runs the op's lowering from the table inside
+jax.jit instead, so lowerings can be tested while the runtime is being built.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+from torch.utils._pytree import tree_map
+
+jax.config.update("jax_enable_x64", True)
+
+import torch_pjrt.ops  # noqa: E402,F401  (registers every lowering)
+from torch_pjrt.dtypes import to_torch  # noqa: E402
+from torch_pjrt.ops.jitted import executable, prepare  # noqa: E402
+from torch_pjrt.ops.registry import LOWERINGS  # noqa: E402
+from torch_pjrt.ops.signature import Signature  # noqa: E402
+
+
+def device_available() -> bool:
+    try:
+        torch.empty(1, device="pjrt")
+        return True
+    except Exception:
+        return False
+
+
+def _to_jax(x):
+    if isinstance(x, torch.Tensor):
+        x = x.detach().resolve_conj().resolve_neg().contiguous()
+        if x.dtype == torch.bfloat16:
+            return jax.numpy.asarray(x.view(torch.int16).numpy().view(jax.numpy.bfloat16))
+        return jax.numpy.asarray(x.numpy())
+    return x
+
+
+def _to_torch(x):
+    if isinstance(x, jax.Array):
+        a = np.asarray(x)
+        dt = to_torch(a.dtype)
+        if dt == torch.bfloat16:
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(a.copy())
+    return x
+
+
+def run_lowering(op, *args, **kwargs):
+    """The op's lowering on CPU tensors, through jax.jit as eager runs it."""
+    lowering = LOWERINGS[op]
+    sig = Signature.of(op)
+    values = prepare(lowering, sig, tree_map(_to_jax, sig.bind(args, kwargs)))
+    out = executable(lowering)(*values)
+    return tree_map(_to_torch, out)
+
+
+def run_pjrt(op, *args, **kwargs):
+    moved = tree_map(lambda x: x.to("pjrt") if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    out = op(*moved[0], **moved[1])
+    return tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, out), moved
+
+
+def check(op, *args, atol=None, rtol=None, equal_nan=True, **kwargs):
+    """Assert that `op` gives the CPU result on pjrt (values, dtypes, shapes)."""
+    cpu_args = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    expected = op(*cpu_args[0], **cpu_args[1])
+    if device_available():
+        actual, moved = run_pjrt(op, *args, **kwargs)
+        # arguments the op writes must match too
+        for i in Signature.of(op).written:
+            flat_m = moved[0][i] if i < len(moved[0]) else None
+            flat_c = cpu_args[0][i] if i < len(cpu_args[0]) else None
+            if isinstance(flat_m, torch.Tensor):
+                torch.testing.assert_close(flat_m.cpu(), flat_c, atol=atol, rtol=rtol, equal_nan=equal_nan)
+    else:
+        actual = run_lowering(op, *args, **kwargs)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=equal_nan)
+    return actual

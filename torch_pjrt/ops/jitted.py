@@ -1,0 +1,50 @@
+"""One cached XLA executable per (op, static arguments); JAX's jit keys shapes and dtypes.
+
+`executable(lowering)` wraps a lowering in `jax.jit` with the op's static arguments
+marked static, so the whole per-call cache lookup happens in JAX's C++ dispatch.
+Call it with `prepare(sig, values)`: lists in static positions become tuples.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from .registry import Lowering
+from .signature import SCALAR, STATIC, Signature
+
+
+def static_positions(lowering: Lowering, sig: Signature) -> tuple:
+    return tuple(
+        i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
+        if kind == STATIC or (kind == SCALAR and name in lowering.static)
+    )
+
+
+def call_lowering(lowering: Lowering, sig: Signature, *values):
+    pos, kw = sig.split(list(values))
+    return lowering.fn(*pos, **kw)
+
+
+@functools.lru_cache(None)
+def executable(lowering: Lowering):
+    """The jitted (or, for data-dependent ops, plain) callable taking schema-ordered values."""
+    sig = Signature.of(lowering.op)
+    fn = functools.partial(call_lowering, lowering, sig)
+    if not lowering.jit:
+        return fn
+    return jax.jit(fn, static_argnums=static_positions(lowering, sig))
+
+
+def hashable(v):
+    if isinstance(v, list):
+        return tuple(hashable(x) for x in v)
+    return v
+
+
+def prepare(lowering: Lowering, sig: Signature, values: list) -> list:
+    """Make static values hashable (lists -> tuples); dynamic values pass through."""
+    for i in static_positions(lowering, sig):
+        if isinstance(values[i], list):
+            values[i] = hashable(values[i])
+    return values

@@ -1,0 +1,71 @@
+"""How an aten overload's arguments map onto a lowering call.
+
+`Signature.of(op)` reads the schema once: which arguments are tensors, which are
+Scalars (traced, weakly typed), which are static, and which are written (in-place and
+out= overloads). `bind` normalises a dispatcher call (args, kwargs) into the full
+argument list in schema order with defaults filled in.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+TENSOR, TENSOR_LIST, SCALAR, STATIC = "tensor", "tensor_list", "scalar", "static"
+
+
+def _kind(t) -> str:
+    s = str(t)
+    if s in ("Tensor", "Optional[Tensor]"):
+        return TENSOR
+    if s in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return TENSOR_LIST
+    if s in ("number", "Optional[number]"):
+        return SCALAR
+    return STATIC
+
+
+@dataclass(frozen=True)
+class Signature:
+    names: tuple  # every argument, schema order
+    kinds: tuple  # TENSOR / TENSOR_LIST / SCALAR / STATIC per argument
+    kwarg_only: tuple  # bool per argument
+    defaults: tuple  # default per argument (a sentinel where required)
+    written: tuple  # indices of arguments the op writes (self for op_, out args for .out)
+
+    @staticmethod
+    @functools.lru_cache(None)
+    def of(op: torch._ops.OpOverload) -> "Signature":
+        args = op._schema.arguments
+        return Signature(
+            names=tuple(a.name for a in args),
+            kinds=tuple(_kind(a.type) for a in args),
+            kwarg_only=tuple(a.kwarg_only for a in args),
+            defaults=tuple(a.default_value if a.has_default_value() else _REQUIRED for a in args),
+            written=tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write),
+        )
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        """All argument values in schema order (defaults filled in)."""
+        values = list(args) + [_REQUIRED] * (len(self.names) - len(args))
+        for i in range(len(args), len(self.names)):
+            v = kwargs.get(self.names[i], self.defaults[i])
+            if v is _REQUIRED:
+                raise TypeError(f"missing required argument '{self.names[i]}'")
+            values[i] = v
+        return values
+
+    def split(self, values: list) -> tuple[list, dict]:
+        """Schema-ordered values -> (positional, keyword) as a lowering is called."""
+        pos = [v for v, k in zip(values, self.kwarg_only) if not k]
+        kw = {n: v for n, v, k in zip(self.names, values, self.kwarg_only) if k}
+        return pos, kw
+
+
+class _Required:
+    def __repr__(self):
+        return "<required>"
+
+
+_REQUIRED = _Required()
