@@ -1,1 +1,781 @@
-"""Lowerings: nn family."""
+"""Lowerings: nn family (matmuls, softmax, losses, norms, convolution, pooling, ...).
+
+Conventions shared by this file:
+  * float16/bfloat16 inputs are computed in float32 (`_acc`) and cast back, as torch's
+    CPU kernels accumulate; matmuls and convolutions ask XLA for float32 accumulation
+    through `preferred_element_type` instead of upcasting their operands.
+  * float32 matmul precision follows `torch.get_float32_matmul_precision()` at trace
+    time ("highest", torch's default, means no TF32/bf16 passes on GPUs and TPUs).
+  * Backward ops of linear forwards (pools, convolution) are the forward's jax.vjp, so
+    forward and backward cannot disagree about geometry.
+  * Reductions use torch's enum: 0 none, 1 mean, 2 sum.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ..dtypes import to_jax
+from .promotion import cast, promote
+from .registry import lowering
+
+aten = torch.ops.aten
+
+F32 = np.dtype(np.float32)
+I64 = np.dtype(np.int64)
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _acc(dtype) -> np.dtype:
+    """The dtype torch's CPU kernels accumulate `dtype` in."""
+    dtype = np.dtype(dtype)
+    return F32 if dtype in _LOW_PRECISION else dtype
+
+
+def _up(x):
+    """`x` in its accumulation dtype."""
+    return x.astype(_acc(x.dtype))
+
+
+def _precision():
+    return {
+        "highest": lax.Precision.HIGHEST,
+        "high": lax.Precision.HIGH,
+        "medium": lax.Precision.DEFAULT,
+    }[torch.get_float32_matmul_precision()]
+
+
+def _preferred(dtype):
+    dtype = np.dtype(dtype)
+    return F32 if dtype in _LOW_PRECISION else None
+
+
+def _dot_general(a, b, contract, batch=((), ())):
+    """lax.dot_general accumulating in float32 for half dtypes; result in the accumulation dtype."""
+    return lax.dot_general(a, b, (contract, batch), precision=_precision(), preferred_element_type=_preferred(a.dtype))
+
+
+def _reduce(loss, reduction: int):
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return jnp.mean(loss)
+    if reduction == 2:
+        return jnp.sum(loss)
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _reduce_grad(grad_output, shape, reduction: int):
+    """d(reduced loss)/d(elementwise loss), broadcast to `shape`."""
+    if reduction == 1:
+        return jnp.broadcast_to(grad_output / math.prod(shape), shape)
+    return jnp.broadcast_to(grad_output, shape)
+
+
+def _scaled_add(self, prod, beta, alpha, out_dtype):
+    """beta * self + alpha * prod, where beta == 0 ignores self (NaN included), as torch."""
+    acc = prod.dtype
+    beta = cast(beta, acc)
+    alpha = cast(alpha, acc)
+    self = jnp.broadcast_to(self.astype(acc), prod.shape)
+    scaled = jnp.where(beta == 0, jnp.zeros((), acc), beta * self)
+    return (scaled + alpha * prod).astype(out_dtype)
+
+
+# ------------------------------------------------------------------------- matmuls
+
+
+@lowering(aten.mm.default)
+def mm(self, mat2):
+    return _dot_general(self, mat2, ((1,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.bmm.default)
+def bmm(self, mat2):
+    return _dot_general(self, mat2, ((2,), (1,)), ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.mv.default)
+def mv(self, vec):
+    return _dot_general(self, vec, ((1,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.dot.default)
+def dot(self, tensor):
+    return _dot_general(self, tensor, ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.vdot.default)
+def vdot(self, other):
+    return _dot_general(jnp.conj(self), other, ((0,), (0,))).astype(self.dtype)
+
+
+@lowering(aten.addmm.default)
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    return _scaled_add(self, _dot_general(mat1, mat2, ((1,), (0,))), beta, alpha, mat1.dtype)
+
+
+@lowering(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled_add(self, _dot_general(mat, vec, ((1,), (0,))), beta, alpha, mat.dtype)
+
+
+@lowering(aten.baddbmm.default)
+def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    prod = _dot_general(batch1, batch2, ((2,), (1,)), ((0,), (0,)))
+    return _scaled_add(self, prod, beta, alpha, batch1.dtype)
+
+
+@lowering(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    # sum over the batch is a second contraction dimension
+    prod = _dot_general(batch1, batch2, ((0, 2), (0, 1)))
+    return _scaled_add(self, prod, beta, alpha, batch1.dtype)
+
+
+@lowering(aten.addr.default)
+def addr(self, vec1, vec2, *, beta=1, alpha=1):
+    _, out = promote(self, vec1, vec2)
+    prod = _up(vec1.astype(out))[:, None] * _up(vec2.astype(out))[None, :]
+    if out == np.dtype(np.bool_):
+        # torch: logical (beta and self) or (alpha and outer)
+        return jnp.logical_or(jnp.logical_and(cast(beta, out), self), jnp.logical_and(cast(alpha, out), prod))
+    return _scaled_add(self, prod, beta, alpha, out)
+
+
+# ------------------------------------------------------------------------- softmax
+
+
+def _along(fn, x, dim):
+    """Apply `fn(x, axis)` also to 0-d tensors (torch allows dim 0 / -1 there)."""
+    if x.ndim == 0:
+        return fn(x.reshape(1), 0).reshape(())
+    return fn(x, dim)
+
+
+def _softmax_fn(x, axis):
+    m = lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    e = jnp.exp(x - m)
+    return e / jnp.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax_fn(x, axis):
+    m = lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    shifted = x - m
+    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True))
+
+
+@lowering(aten._softmax.default)
+def _softmax(self, dim, half_to_float):
+    out = F32 if half_to_float else self.dtype
+    return _along(_softmax_fn, _up(self), dim).astype(out)
+
+
+@lowering(aten._log_softmax.default)
+def _log_softmax(self, dim, half_to_float):
+    out = F32 if half_to_float else self.dtype
+    return _along(_log_softmax_fn, _up(self), dim).astype(out)
+
+
+@lowering(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    fn = lambda gy, axis: gy[0] * (gy[1] - jnp.sum(gy[0] * gy[1], axis=axis, keepdims=True))  # noqa: E731
+    if y.ndim == 0:
+        res = y * (g - g * y)
+    else:
+        res = fn((y, g), dim)
+    return res.astype(to_jax(input_dtype))
+
+
+@lowering(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g, y = _up(grad_output), _up(output)
+    if y.ndim == 0:
+        res = g - jnp.exp(y) * g
+    else:
+        res = g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
+    return res.astype(to_jax(input_dtype))
+
+
+# -------------------------------------------------------------------------- losses
+
+
+def _nll_parts(self, target, weight, ignore_index):
+    """Per-element (-log p[target] * w, w) with ignored targets weighted 0.
+
+    self is (C,), (N, C) or (N, C, d1, ...); the class axis is 1 when batched."""
+    batched = self.ndim >= 2
+    x = self if batched else self[None]
+    t = target if batched else target[None]
+    valid = t != ignore_index
+    safe = jnp.where(valid, t, 0).astype(I64)
+    picked = jnp.take_along_axis(x, safe[:, None], axis=1)[:, 0]
+    w = jnp.ones(safe.shape, x.dtype) if weight is None else jnp.take(weight, safe).astype(x.dtype)
+    w = jnp.where(valid, w, jnp.zeros((), x.dtype))
+    if not batched:
+        picked, w = picked[0], w[0]
+    return picked, w
+
+
+def _nll_loss_forward(self, target, weight, reduction, ignore_index):
+    picked, w = _nll_parts(_up(self), target, weight, ignore_index)
+    loss = -picked * w
+    dt = self.dtype
+    if reduction == 0 and self.ndim >= 2:
+        return loss.astype(dt), jnp.zeros((), dt)  # torch leaves total_weight 0 here
+    total = jnp.sum(w)
+    out = jnp.sum(loss)
+    if reduction == 1:
+        out = out / total
+    return out.astype(dt), total.astype(dt)
+
+
+def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    _, w = _nll_parts(_up(self), target, weight, ignore_index)
+    g = _up(grad_output)
+    if reduction == 1:
+        g = g / _up(total_weight)
+    coeff = -w * g  # per-element gradient of the picked log-probability
+    class_axis = 1 if self.ndim >= 2 else 0
+    t = target.astype(I64)
+    onehot = lax.broadcasted_iota(I64, self.shape, class_axis) == jnp.expand_dims(t, class_axis)
+    grad = jnp.where(onehot, jnp.expand_dims(coeff, class_axis), jnp.zeros((), coeff.dtype))
+    return grad.astype(self.dtype)
+
+
+nll_loss_forward = lowering(aten.nll_loss_forward.default)(_nll_loss_forward)
+nll_loss2d_forward = lowering(aten.nll_loss2d_forward.default)(_nll_loss_forward)
+nll_loss_backward = lowering(aten.nll_loss_backward.default)(_nll_loss_backward)
+nll_loss2d_backward = lowering(aten.nll_loss2d_backward.default)(_nll_loss_backward)
+
+
+@lowering(aten.mse_loss.default)
+def mse_loss(self, target, reduction=1):
+    compute, out = promote(self, target)
+    d = _up(self.astype(compute)) - _up(target.astype(compute))
+    return _reduce(d * d, reduction).astype(out)
+
+
+@lowering(aten.mse_loss_backward.default)
+def mse_loss_backward(grad_output, self, target, reduction):
+    compute, out = promote(grad_output, self, target)
+    d = _up(self.astype(compute)) - _up(target.astype(compute))
+    shape = jnp.broadcast_shapes(grad_output.shape, self.shape, target.shape)
+    g = _reduce_grad(_up(grad_output.astype(compute)), shape, reduction)
+    return (2 * d * g).astype(out)
+
+
+# --------------------------------------------------------------------------- norms
+
+
+def _bcast_channel(v, ndim):
+    """A per-channel (C,) vector shaped to broadcast against (N, C, *spatial)."""
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _normalize_grad(g_hat, xhat, rstd, axes):
+    """d loss / d x for y = (x - mean) * rstd with batch statistics over `axes`."""
+    mean_g = jnp.mean(g_hat, axis=axes, keepdims=True)
+    mean_gx = jnp.mean(g_hat * xhat, axis=axes, keepdims=True)
+    return rstd * (g_hat - mean_g - xhat * mean_gx)
+
+
+@lowering(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+    x = _up(input)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * _up(weight)
+    if bias is not None:
+        out = out + _up(bias)
+    dt = input.dtype
+    return out.astype(dt), mean.astype(dt), rstd.astype(dt)
+
+
+@lowering(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    k = len(normalized_shape)
+    axes = tuple(range(input.ndim - k, input.ndim))
+    batch_axes = tuple(range(input.ndim - k))
+    x, g, mean, rstd = _up(input), _up(grad_out), _up(mean), _up(rstd)
+    xhat = (x - mean) * rstd
+    dt = input.dtype
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g_hat = g * _up(weight) if weight is not None else g
+        grad_input = _normalize_grad(g_hat, xhat, rstd, axes).astype(dt)
+    if output_mask[1] and weight is not None:
+        grad_weight = jnp.sum(g * xhat, axis=batch_axes).astype(weight.dtype)
+    if output_mask[2] and bias is not None:
+        grad_bias = jnp.sum(g, axis=batch_axes).astype(bias.dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(output, save_mean, save_invstd, new_running_mean, new_running_var) as torch computes them.
+
+    The new running statistics are None where there are none to update."""
+    axes = (0,) + tuple(range(2, input.ndim))
+    x = _up(input)
+    acc = x.dtype
+    nd = input.ndim
+    new_rm = new_rv = None
+    if training:
+        mean = jnp.mean(x, axis=axes)
+        var = jnp.mean(jnp.square(x - _bcast_channel(mean, nd)), axis=axes)
+        invstd = lax.rsqrt(var + eps)
+        n = math.prod(input.shape[a] for a in axes)
+        if running_mean is not None:
+            new_rm = ((1 - momentum) * _up(running_mean) + momentum * mean).astype(running_mean.dtype)
+        if running_var is not None:
+            unbiased = var * (n / max(n - 1, 1))
+            new_rv = ((1 - momentum) * _up(running_var) + momentum * unbiased).astype(running_var.dtype)
+        save_mean, save_invstd = mean, invstd
+    else:
+        mean = _up(running_mean)
+        invstd = lax.rsqrt(_up(running_var) + eps)
+        save_mean = save_invstd = jnp.zeros((0,), acc)
+    out = (x - _bcast_channel(mean.astype(acc), nd)) * _bcast_channel(invstd.astype(acc), nd)
+    if weight is not None:
+        out = out * _bcast_channel(_up(weight), nd)
+    if bias is not None:
+        out = out + _bcast_channel(_up(bias), nd)
+    return out.astype(input.dtype), save_mean, save_invstd, new_rm, new_rv
+
+
+@lowering(aten.native_batch_norm.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    # NOTE torch's schema hides that training also updates running_mean/running_var in
+    # place; RUNNING_STATS_UPDATE below gives the new values for the runtime to write back.
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+
+
+@lowering(aten._native_batch_norm_legit.default)
+def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    # running_mean/running_var are written (a!) in training: see RUNNING_STATS_UPDATE
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
+
+
+@lowering(aten._native_batch_norm_legit.no_stats)
+def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(input, weight, bias, None, None, training, momentum, eps)[:3]
+
+
+@lowering(aten._native_batch_norm_legit_no_training.default)
+def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+@lowering(aten._native_batch_norm_legit_functional.default)
+def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, save_mean, save_invstd, new_rm, new_rv = _batch_norm(
+        input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return out, save_mean, save_invstd, (running_mean if new_rm is None else new_rm), (
+        running_var if new_rv is None else new_rv)
+
+
+def batch_norm_running_stats(input, weight, bias, running_mean, running_var, training, momentum, eps, *_):
+    """New (running_mean, running_var) after native_batch_norm/_native_batch_norm_legit.
+
+    Both ops update their running statistics in place when training (native_batch_norm's
+    schema does not say so); the runtime writes these values back into those tensors."""
+    _, _, _, new_rm, new_rv = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return new_rm, new_rv
+
+
+# op -> function of the op's schema-ordered arguments giving the running stats to write back
+RUNNING_STATS_UPDATE = {
+    aten.native_batch_norm.default: batch_norm_running_stats,
+    aten._native_batch_norm_legit.default: batch_norm_running_stats,
+}
+
+
+@lowering(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    nd = input.ndim
+    axes = (0,) + tuple(range(2, nd))
+    x, g = _up(input), _up(grad_out)
+    if train:
+        mean, invstd = _up(save_mean), _up(save_invstd)
+    else:
+        mean, invstd = _up(running_mean), lax.rsqrt(_up(running_var) + eps)
+    mean_b, invstd_b = _bcast_channel(mean, nd), _bcast_channel(invstd, nd)
+    xhat = (x - mean_b) * invstd_b
+    w = _bcast_channel(_up(weight), nd) if weight is not None else None
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g_hat = g * w if w is not None else g
+        if train:
+            grad_input = _normalize_grad(g_hat, xhat, invstd_b, axes)
+        else:
+            grad_input = g_hat * invstd_b
+        grad_input = grad_input.astype(input.dtype)
+    wdt = weight.dtype if weight is not None else _acc(input.dtype)
+    if output_mask[1]:
+        grad_weight = jnp.sum(g * xhat, axis=axes).astype(wdt)
+    if output_mask[2]:
+        grad_bias = jnp.sum(g, axis=axes).astype(wdt)
+    return grad_input, grad_weight, grad_bias
+
+
+@lowering(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    x = _up(input).reshape(N, group, -1)
+    mean = jnp.mean(x, axis=2, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=2, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    out = ((x - mean) * rstd).reshape(input.shape)
+    if weight is not None:
+        out = out * _bcast_channel(_up(weight), input.ndim)
+    if bias is not None:
+        out = out + _bcast_channel(_up(bias), input.ndim)
+    dt = input.dtype
+    return out.astype(dt), mean.reshape(N, group).astype(dt), rstd.reshape(N, group).astype(dt)
+
+
+@lowering(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    nd = input.ndim
+    x, g = _up(input), _up(grad_out)
+    mean_g, rstd_g = _up(mean).reshape(N, group, 1), _up(rstd).reshape(N, group, 1)
+    xhat = ((x.reshape(N, group, -1) - mean_g) * rstd_g).reshape(input.shape)
+    reduce_axes = (0,) + tuple(range(2, nd))
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g_hat = g * _bcast_channel(_up(weight), nd) if weight is not None else g
+        grad_input = _normalize_grad(
+            g_hat.reshape(N, group, -1), xhat.reshape(N, group, -1), rstd_g, (2,)
+        ).reshape(input.shape).astype(input.dtype)
+    wdt = weight.dtype if weight is not None else input.dtype
+    if output_mask[1]:
+        grad_weight = jnp.sum(g * xhat, axis=reduce_axes).astype(wdt)
+    if output_mask[2]:
+        grad_bias = jnp.sum(g, axis=reduce_axes).astype(wdt)
+    return grad_input, grad_weight, grad_bias
+
+
+# --------------------------------------------------------------------- convolution
+
+_SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
+
+
+def _conv(input, weight, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution without bias: lax.conv_general_dilated in torch's NC* layout."""
+    nd = input.ndim - 2
+    sp = _SPATIAL[nd]
+    dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
+    common = dict(dimension_numbers=dn, feature_group_count=groups, precision=_precision(),
+                  preferred_element_type=_preferred(input.dtype))
+    if not transposed:
+        return lax.conv_general_dilated(
+            input, weight, window_strides=tuple(stride), padding=[(p, p) for p in padding],
+            rhs_dilation=tuple(dilation), **common)
+    # A transposed convolution is the input-gradient of a convolution: dilate the input by
+    # the stride, pad by dilation*(k-1)-padding, and convolve with the flipped kernel whose
+    # in/out channels are swapped within each group.
+    cin, cout_g, *k = weight.shape
+    w = weight.reshape((groups, cin // groups, cout_g) + tuple(k))
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + tuple(k))
+    w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
+    return lax.conv_general_dilated(
+        input, w, window_strides=(1,) * nd, padding=pads, lhs_dilation=tuple(stride),
+        rhs_dilation=tuple(dilation), **common)
+
+
+def _expand(v, nd):
+    v = tuple(v)
+    return v * nd if len(v) == 1 else v
+
+
+@lowering(aten.convolution.default)
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    nd = weight.ndim - 2
+    stride, padding, dilation, output_padding = (_expand(v, nd) for v in (stride, padding, dilation, output_padding))
+    unbatched = input.ndim == nd + 1
+    x = input[None] if unbatched else input
+    out = _conv(x, weight, stride, padding, dilation, transposed, output_padding, groups)
+    if bias is not None:
+        out = out + _bcast_channel(_up(bias), out.ndim)
+    out = out.astype(input.dtype)
+    return out[0] if unbatched else out
+
+
+@lowering(aten.convolution_backward.default)
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    nd = weight.ndim - 2
+    stride, padding, dilation, output_padding = (_expand(v, nd) for v in (stride, padding, dilation, output_padding))
+    unbatched = input.ndim == nd + 1
+    x = input[None] if unbatched else input
+    g = grad_output[None] if unbatched else grad_output
+
+    def fwd(x, w):
+        return _conv(x, w, stride, padding, dilation, transposed, output_padding, groups).astype(input.dtype)
+
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0] or output_mask[1]:
+        _, vjp = jax.vjp(fwd, x, weight)
+        gx, gw = vjp(g.astype(input.dtype))
+        if output_mask[0]:
+            grad_input = gx[0] if unbatched else gx
+        if output_mask[1]:
+            grad_weight = gw
+    if output_mask[2]:
+        grad_bias = jnp.sum(_up(g), axis=(0,) + tuple(range(2, g.ndim))).astype(grad_output.dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+# ------------------------------------------------------------------------- pooling
+
+
+def _pool_out_size(size, k, s, p, d, ceil_mode):
+    """torch's pooling_output_shape."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_args(nd, kernel_size, stride, padding, dilation=(1,)):
+    k = _expand(kernel_size, nd)
+    s = _expand(stride, nd) if len(stride) else k
+    return k, s, _expand(padding, nd), _expand(dilation, nd)
+
+
+def _lowest(dtype):
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(-jnp.inf, dtype)
+    return jnp.array(jnp.iinfo(dtype).min, dtype)
+
+
+def _max_pool_with_indices(x, k, s, p, d, ceil_mode):
+    """Max pool over the last len(k) axes; indices are flat offsets into those axes."""
+    nd = len(k)
+    lead = x.ndim - nd
+    sizes = x.shape[lead:]
+    outs = [_pool_out_size(n, kk, ss, pp, dd, ceil_mode) for n, kk, ss, pp, dd in zip(sizes, k, s, p, d)]
+    # pad low by p, high far enough for the last (possibly ceil_mode) window
+    highs = [max((o - 1) * ss + dd * (kk - 1) + 1 - n - pp, 0) for o, ss, dd, kk, n, pp in zip(outs, s, d, k, sizes, p)]
+    cfg = [(0, 0, 0)] * lead + [(pp, hh, 0) for pp, hh in zip(p, highs)]
+    xp = lax.pad(x, _lowest(x.dtype), cfg)
+    flat = jnp.arange(math.prod(sizes), dtype=I64).reshape(sizes)
+    ip = lax.pad(flat, jnp.array(-1, I64), cfg[lead:])
+    vals, idxs = [], []
+    for offs in itertools.product(*(range(kk) for kk in k)):
+        start = [o * dd for o, dd in zip(offs, d)]
+        limit = [st + (o - 1) * ss + 1 for st, o, ss in zip(start, outs, s)]
+        vals.append(lax.slice(xp, [0] * lead + start, list(xp.shape[:lead]) + limit, [1] * lead + list(s)))
+        idxs.append(lax.slice(ip, start, limit, list(s)))
+    vals = jnp.stack(vals, axis=-1)
+    idxs = jnp.stack(idxs, axis=-1)
+    # first maximum in window order; NaN wins, as in torch's kernels
+    arg = jnp.argmax(vals, axis=-1)
+    val = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
+    idx = jnp.take_along_axis(jnp.broadcast_to(idxs, vals.shape), arg[..., None], axis=-1)[..., 0]
+    return val, idx
+
+
+def _max_unpool_grad(grad_output, indices, input, nd):
+    lead_shape = input.shape[: input.ndim - nd]
+    L = math.prod(lead_shape)
+    S = math.prod(input.shape[input.ndim - nd:])
+    g = _up(grad_output).reshape(L, -1)
+    i = indices.reshape(L, -1).astype(I64)
+    out = jnp.zeros((L, S), g.dtype).at[jnp.arange(L, dtype=I64)[:, None], i].add(g, mode="drop")
+    return out.reshape(input.shape).astype(input.dtype)
+
+
+def _max_pool_lowering(nd):
+    def fn(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        k, s, p, d = _pool_args(nd, kernel_size, stride, _as_list(padding), _as_list(dilation))
+        return _max_pool_with_indices(self, k, s, p, d, ceil_mode)
+    return fn
+
+
+def _as_list(v):
+    return (v,) if isinstance(v, int) else tuple(v)
+
+
+max_pool2d_with_indices = lowering(aten.max_pool2d_with_indices.default)(_max_pool_lowering(2))
+max_pool3d_with_indices = lowering(aten.max_pool3d_with_indices.default)(_max_pool_lowering(3))
+
+
+@lowering(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_unpool_grad(grad_output, indices, self, 2)
+
+
+@lowering(aten.max_pool3d_with_indices_backward.default)
+def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    return _max_unpool_grad(grad_output, indices, self, 3)
+
+
+def _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override):
+    nd = len(k)
+    lead = x.ndim - nd
+    sizes = x.shape[lead:]
+    outs = [_pool_out_size(n, kk, ss, pp, 1, ceil_mode) for n, kk, ss, pp in zip(sizes, k, s, p)]
+    highs = [max((o - 1) * ss + kk - n - pp, 0) for o, ss, kk, n, pp in zip(outs, s, k, sizes, p)]
+    acc = _acc(x.dtype)
+    summed = lax.reduce_window(
+        x.astype(acc), np.array(0, acc), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
+        [(0, 0)] * lead + list(zip(p, highs)))
+    if divisor_override is not None:
+        div = np.asarray(float(divisor_override))
+    else:
+        # torch: windows are clipped to the padded input (count_include_pad) or to the input
+        div = np.ones((), np.float64)
+        for n, kk, ss, pp, o in zip(sizes, k, s, p, outs):
+            start = np.arange(o) * ss - pp
+            end = np.minimum(start + kk, n + pp)
+            if count_include_pad:
+                cnt = end - start
+            else:
+                cnt = np.minimum(end, n) - np.maximum(start, 0)
+            div = div[..., None] * cnt
+    return (summed / jnp.asarray(div, acc)).astype(x.dtype)
+
+
+def _avg_pool_lowering(nd):
+    def fn(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        k, s, p, _ = _pool_args(nd, kernel_size, stride, _as_list(padding))
+        return _avg_pool(self, k, s, p, ceil_mode, count_include_pad, divisor_override)
+    return fn
+
+
+def _avg_pool_backward_lowering(nd):
+    def fn(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        k, s, p, _ = _pool_args(nd, kernel_size, stride, _as_list(padding))
+        _, vjp = jax.vjp(lambda x: _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override), self)
+        return vjp(grad_output.astype(self.dtype))[0]
+    return fn
+
+
+avg_pool2d = lowering(aten.avg_pool2d.default)(_avg_pool_lowering(2))
+avg_pool3d = lowering(aten.avg_pool3d.default)(_avg_pool_lowering(3))
+avg_pool2d_backward = lowering(aten.avg_pool2d_backward.default)(_avg_pool_backward_lowering(2))
+avg_pool3d_backward = lowering(aten.avg_pool3d_backward.default)(_avg_pool_backward_lowering(3))
+
+
+def _adaptive_bounds(n, o):
+    """torch's adaptive pooling windows: [floor(i*n/o), ceil((i+1)*n/o))."""
+    i = np.arange(o)
+    return (i * n) // o, -((-(i + 1) * n) // o)
+
+
+def _adaptive_avg(x, output_size):
+    nd = len(output_size)
+    lead = x.ndim - nd
+    acc = _acc(x.dtype)
+    y = x.astype(acc)
+    for a, o in enumerate(output_size):
+        n = x.shape[lead + a]
+        start, end = _adaptive_bounds(n, o)
+        cols = np.arange(n)
+        m = ((cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])) / (end - start)[:, None]
+        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(m.T, acc), axes=([lead + a], [0]), precision=lax.Precision.HIGHEST),
+                         -1, lead + a)
+    return y.astype(x.dtype)
+
+
+@lowering(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+@lowering(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(self, output_size):
+    return _adaptive_avg(self, tuple(output_size))
+
+
+def _adaptive_avg_backward(grad_output, self, nd):
+    out_size = grad_output.shape[grad_output.ndim - nd:]
+    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, out_size), self)
+    return vjp(grad_output.astype(self.dtype))[0]
+
+
+@lowering(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    return _adaptive_avg_backward(grad_output, self, 2)
+
+
+@lowering(aten._adaptive_avg_pool3d_backward.default)
+def _adaptive_avg_pool3d_backward(grad_output, self):
+    return _adaptive_avg_backward(grad_output, self, 3)
+
+
+def _adaptive_max(x, output_size):
+    """Gather each (variable-size) window padded to the largest one, masked to -inf."""
+    nd = len(output_size)
+    lead = x.ndim - nd
+    sizes = x.shape[lead:]
+    flat = np.arange(math.prod(sizes)).reshape(sizes)
+    mask = np.ones(sizes, bool)
+    vals = x
+    for a, o in enumerate(output_size):
+        n = sizes[a]
+        start, end = _adaptive_bounds(n, o)
+        kmax = int((end - start).max())
+        idx = start[:, None] + np.arange(kmax)[None, :]
+        ok = idx < end[:, None]
+        idx = np.minimum(idx, n - 1)
+        vals = jnp.take(vals, jnp.asarray(idx, I64), axis=lead + 2 * a)
+        flat = np.take(flat, idx, axis=2 * a)
+        mask = np.take(mask, idx, axis=2 * a) & np.expand_dims(ok, tuple(range(2 * a)) + tuple(
+            range(2 * a + 2, 2 * a + 2 + (nd - a - 1))))
+    # (O1, K1, O2, K2, ...) -> (O1, O2, ..., K1, K2, ...) flattened windows
+    perm = [2 * a for a in range(nd)] + [2 * a + 1 for a in range(nd)]
+    flat = flat.transpose(perm).reshape(tuple(output_size) + (-1,))
+    mask = mask.transpose(perm).reshape(tuple(output_size) + (-1,))
+    vals = jnp.transpose(vals, tuple(range(lead)) + tuple(lead + q for q in perm))
+    vals = vals.reshape(vals.shape[:lead] + tuple(output_size) + (-1,))
+    vals = jnp.where(jnp.asarray(mask), vals, _lowest(x.dtype))
+    arg = jnp.argmax(vals, axis=-1)
+    val = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
+    idx = jnp.take_along_axis(jnp.broadcast_to(jnp.asarray(flat, I64), vals.shape), arg[..., None], axis=-1)[..., 0]
+    return val, idx
+
+
+@lowering(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    return _adaptive_max(self, tuple(output_size))
+
+
+@lowering(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(self, output_size):
+    return _adaptive_max(self, tuple(output_size))
+
+
+@lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    return _max_unpool_grad(grad_output, indices, self, 2)
+
+
+@lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _max_unpool_grad(grad_output, indices, self, 3)
+
+
+# ------------------------------------------------------------------------- dropout
+
+
+@lowering(aten.native_dropout_backward.default)
+def native_dropout_backward(grad_output, mask, scale):
+    return (_up(grad_output) * mask.astype(_acc(grad_output.dtype)) * scale).astype(grad_output.dtype)

@@ -1,0 +1,365 @@
+"""nn lowerings against CPU torch: forward ops and the backward ops autograd calls."""
+import pytest
+import torch
+
+from tests.ops.harness import check
+
+aten = torch.ops.aten
+TOL = dict(atol=1e-5, rtol=1e-5)
+HALF_TOL = {torch.float16: dict(atol=2e-2, rtol=2e-2), torch.bfloat16: dict(atol=1e-1, rtol=5e-2)}
+
+
+def tol(dtype):
+    return HALF_TOL.get(dtype, TOL)
+
+
+def r(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# ------------------------------------------------------------------------- matmuls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_mm_bmm_mv_dot(dtype):
+    check(aten.mm.default, r(3, 4, dtype=dtype), r(4, 5, dtype=dtype), **tol(dtype))
+    check(aten.bmm.default, r(2, 3, 4, dtype=dtype), r(2, 4, 5, dtype=dtype), **tol(dtype))
+    check(aten.mv.default, r(3, 4, dtype=dtype), r(4, dtype=dtype), **tol(dtype))
+    check(aten.dot.default, r(7, dtype=dtype), r(7, dtype=dtype), **tol(dtype))
+
+
+def test_integer_and_complex_matmul():
+    a = torch.randint(-5, 5, (3, 4))
+    b = torch.randint(-5, 5, (4, 2))
+    check(aten.mm.default, a, b)
+    x = torch.randn(5, dtype=torch.complex64)
+    y = torch.randn(5, dtype=torch.complex64)
+    check(aten.vdot.default, x, y, **TOL)
+    check(aten.dot.default, x, y, **TOL)
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1.5)])
+def test_addmm_family(beta, alpha):
+    nan_self = torch.full((3, 5), float("nan"))
+    for self in (r(3, 5), r(5), nan_self):
+        if beta != 0 and self is nan_self:
+            continue
+        check(aten.addmm.default, self, r(3, 4), r(4, 5), beta=beta, alpha=alpha, **TOL)
+    check(aten.addmv.default, r(3), r(3, 4), r(4), beta=beta, alpha=alpha, **TOL)
+    check(aten.baddbmm.default, r(2, 3, 5), r(2, 3, 4), r(2, 4, 5), beta=beta, alpha=alpha, **TOL)
+    check(aten.addbmm.default, r(3, 5), r(2, 3, 4), r(2, 4, 5), beta=beta, alpha=alpha, **TOL)
+    check(aten.addr.default, r(3, 4), r(3), r(4), beta=beta, alpha=alpha, **TOL)
+
+
+def test_addmm_beta0_ignores_nan():
+    out = check(aten.addmm.default, torch.full((2, 2), float("nan")), r(2, 3), r(3, 2), beta=0, **TOL)
+    assert not torch.isnan(out).any()
+
+
+def test_addmm_half():
+    check(aten.addmm.default, r(5, dtype=torch.bfloat16), r(3, 4, dtype=torch.bfloat16),
+          r(4, 5, dtype=torch.bfloat16), **tol(torch.bfloat16))
+
+
+# ------------------------------------------------------------------------- softmax
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_softmax_and_backward(dim, dtype):
+    x = r(4, 5, 3, dtype=dtype) * 3
+    g = r(4, 5, 3, dtype=dtype)
+    y = check(aten._softmax.default, x, dim, False, **tol(dtype))
+    ly = check(aten._log_softmax.default, x, dim, False, **tol(dtype))
+    check(aten._softmax_backward_data.default, g, y, dim, dtype, **tol(dtype))
+    check(aten._log_softmax_backward_data.default, g, ly, dim, dtype, **tol(dtype))
+
+
+def test_softmax_edge_cases():
+    check(aten._softmax.default, torch.tensor(2.0), 0, False)
+    check(aten._log_softmax.default, torch.tensor(2.0), -1, False)
+    x = torch.tensor([[float("-inf")] * 3, [1.0, float("-inf"), 2.0], [1e30, 1e30, 0.0]])
+    check(aten._softmax.default, x, 1, False)
+    check(aten._log_softmax.default, x, 1, False)
+
+
+# -------------------------------------------------------------------------- losses
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss(reduction, weighted):
+    x = torch.log_softmax(r(6, 5), 1)
+    t = torch.tensor([0, 4, 2, -100, 1, 2])
+    w = r(5).abs() if weighted else None
+    out, total = check(aten.nll_loss_forward.default, x, t, w, reduction, -100, **TOL)
+    g = r(6) if reduction == 0 else torch.tensor(0.7)
+    check(aten.nll_loss_backward.default, g, x, t, w, reduction, -100, total, **TOL)
+    # a different ignore_index, and unbatched input
+    check(aten.nll_loss_forward.default, x, t.clamp(min=0), w, reduction, 2, **TOL)
+    out, total = check(aten.nll_loss_forward.default, x[0], t[1], w, reduction, -100, **TOL)
+    check(aten.nll_loss_backward.default, torch.tensor(1.3), x[0], t[1], w, reduction, -100, total, **TOL)
+
+
+def test_nll_loss_all_ignored_is_nan():
+    x = torch.log_softmax(r(3, 4), 1)
+    out, _ = check(aten.nll_loss_forward.default, x, torch.full((3,), -100), None, 1, -100)
+    assert torch.isnan(out)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_loss2d(reduction):
+    x = torch.log_softmax(r(2, 4, 3, 5), 1)
+    t = torch.randint(0, 4, (2, 3, 5), generator=torch.Generator().manual_seed(1))
+    t[0, 1, 2] = 7  # ignored
+    w = r(4).abs()
+    out, total = check(aten.nll_loss2d_forward.default, x, t, w, reduction, 7, **TOL)
+    g = r(2, 3, 5) if reduction == 0 else torch.tensor(1.5)
+    check(aten.nll_loss2d_backward.default, g, x, t, w, reduction, 7, total, **TOL)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_mse_loss(reduction):
+    x, t = r(3, 4), r(3, 4, seed=1)
+    check(aten.mse_loss.default, x, t, reduction, **TOL)
+    g = r(3, 4, seed=2) if reduction == 0 else torch.tensor(0.3)
+    check(aten.mse_loss_backward.default, g, x, t, reduction, **TOL)
+
+
+def test_cross_entropy_autograd_matches_cpu():
+    """The backward ops autograd calls for F.cross_entropy give CPU's gradient."""
+    x = r(5, 7).requires_grad_()
+    t = torch.tensor([1, 0, 6, 3, 3])
+    loss = torch.nn.functional.cross_entropy(x, t, label_smoothing=0.0)
+    (gx,) = torch.autograd.grad(loss, x)
+    logp = check(aten._log_softmax.default, x.detach(), 1, False, **TOL)
+    out, total = check(aten.nll_loss_forward.default, logp, t, None, 1, -100, **TOL)
+    torch.testing.assert_close(out, loss.detach(), **TOL)
+    g_logp = check(aten.nll_loss_backward.default, torch.tensor(1.0), logp, t, None, 1, -100, total, **TOL)
+    got = check(aten._log_softmax_backward_data.default, g_logp, logp, 1, torch.float32, **TOL)
+    torch.testing.assert_close(got, gx, **TOL)
+
+
+# --------------------------------------------------------------------------- norms
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm(dtype, affine):
+    x = r(2, 3, 8, dtype=dtype) * 2 + 1
+    w = r(8, dtype=dtype) if affine else None
+    b = r(8, seed=3, dtype=dtype) if affine else None
+    out, mean, rstd = check(aten.native_layer_norm.default, x, [8], w, b, 1e-5, **tol(dtype))
+    g = r(2, 3, 8, seed=5, dtype=dtype)
+    mask = [True, affine, affine]
+    check(aten.native_layer_norm_backward.default, g, x, [8], mean, rstd, w, b, mask,
+          **(tol(dtype) if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)))
+    check(aten.native_layer_norm.default, x, [3, 8], None, None, 1e-5, **tol(dtype))
+
+
+def test_layer_norm_autograd_matches_cpu():
+    x = r(4, 6).requires_grad_()
+    w = r(6).requires_grad_()
+    b = r(6, seed=2).requires_grad_()
+    y = torch.nn.functional.layer_norm(x, [6], w, b)
+    g = r(4, 6, seed=9)
+    expected = torch.autograd.grad(y, (x, w, b), g)
+    _, mean, rstd = aten.native_layer_norm(x.detach(), [6], w.detach(), b.detach(), 1e-5)
+    got = check(aten.native_layer_norm_backward.default, g, x.detach(), [6], mean, rstd, w.detach(), b.detach(),
+                [True, True, True], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tuple(got), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 4)])
+def test_batch_norm(training, shape):
+    x = r(*shape) * 2 + 0.5
+    w, b = r(3, seed=1), r(3, seed=2)
+    rm, rv = r(3, seed=3), r(3, seed=4).abs() + 0.5
+    out, save_mean, save_invstd = check(aten.native_batch_norm.default, x, w, b, rm, rv, training, 0.1, 1e-5, **TOL)
+    check(aten.native_batch_norm.default, x, None, None, rm, rv, training, 0.1, 1e-5, **TOL)
+    g = r(*shape, seed=7)
+    check(aten.native_batch_norm_backward.default, g, x, w, rm, rv, save_mean, save_invstd, training, 1e-5,
+          [True, True, True], atol=1e-4, rtol=1e-4)
+    check(aten._native_batch_norm_legit_no_training.default, x, w, b, rm, rv, 0.1, 1e-5, **TOL)
+    if training:
+        check(aten._native_batch_norm_legit.no_stats, x, w, b, True, 0.1, 1e-5, **TOL)
+
+
+def test_batch_norm_running_stats():
+    from torch_pjrt.ops.nn import RUNNING_STATS_UPDATE  # noqa: F401  (the runtime writes these back)
+
+    x = r(6, 3, 2, 2)
+    w, b = r(3, seed=1), r(3, seed=2)
+    rm, rv = r(3, seed=3), r(3, seed=4).abs() + 0.5
+    # the functional variant returns what the mutating ops write into running_mean/var
+    out = check(aten._native_batch_norm_legit_functional.default, x, w, b, rm, rv, True, 0.1, 1e-5, **TOL)
+    rm2, rv2 = rm.clone(), rv.clone()
+    aten._native_batch_norm_legit(x, w, b, rm2, rv2, True, 0.1, 1e-5)
+    torch.testing.assert_close(out[3], rm2, **TOL)
+    torch.testing.assert_close(out[4], rv2, **TOL)
+    check(aten._native_batch_norm_legit.default, x, w, b, rm, rv, True, 0.1, 1e-5, **TOL)
+
+
+def test_batch_norm_half():
+    x = r(4, 3, 2, 2, dtype=torch.bfloat16)
+    check(aten.native_batch_norm.default, x, None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5,
+          **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_group_norm(affine):
+    N, C, H, W, G = 2, 6, 3, 4, 3
+    x = r(N, C, H, W) * 2 + 1
+    w = r(C, seed=1) if affine else None
+    b = r(C, seed=2) if affine else None
+    out, mean, rstd = check(aten.native_group_norm.default, x, w, b, N, C, H * W, G, 1e-5, **TOL)
+    g = r(N, C, H, W, seed=5)
+    check(aten.native_group_norm_backward.default, g, x, mean, rstd, w, N, C, H * W, G, [True, affine, affine],
+          atol=1e-4, rtol=1e-4)
+    check(aten.native_group_norm.default, r(N, C), w, b, N, C, 1, G, 1e-5, **TOL)
+
+
+# --------------------------------------------------------------------- convolution
+
+CONV_CASES = [
+    # (input shape, weight shape, stride, padding, dilation, transposed, output_padding, groups)
+    ((2, 3, 9), (4, 3, 3), [1], [0], [1], False, [0], 1),
+    ((2, 4, 9), (6, 2, 3), [2], [1], [2], False, [0], 2),
+    ((2, 3, 7, 8), (5, 3, 3, 2), [1, 2], [1, 0], [1, 1], False, [0, 0], 1),
+    ((1, 4, 7, 7), (4, 1, 3, 3), [2, 2], [1, 1], [2, 1], False, [0, 0], 4),
+    ((2, 2, 4, 5, 5), (3, 2, 2, 3, 3), [1, 2, 1], [0, 1, 1], [1, 1, 2], False, [0, 0, 0], 1),
+    ((2, 3, 5), (3, 4, 3), [2], [1], [1], True, [1], 1),
+    ((2, 4, 5, 6), (4, 3, 3, 3), [2, 1], [1, 2], [1, 2], True, [1, 0], 2),
+    ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), [2, 2, 2], [0, 0, 0], [1, 1, 1], True, [0, 1, 0], 1),
+    ((2, 3, 6, 6), (3, 2, 3, 3), [1, 1], [3, 3], [1, 1], True, [0, 0], 1),  # padding > k - 1
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_convolution_and_backward(case):
+    ishape, wshape, stride, padding, dilation, transposed, output_padding, groups = case
+    x, w = r(*ishape), r(*wshape, seed=1)
+    cout = wshape[1] * groups if transposed else wshape[0]
+    b = r(cout, seed=2)
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    y = check(aten.convolution.default, x, w, b, *args, atol=1e-4, rtol=1e-4)
+    check(aten.convolution.default, x, w, None, *args, atol=1e-4, rtol=1e-4)
+    g = r(*y.shape, seed=3)
+    for mask in ([True, True, True], [True, False, False], [False, True, True]):
+        check(aten.convolution_backward.default, g, x, w, [cout], *args, mask, atol=1e-4, rtol=1e-4)
+
+
+def test_convolution_half():
+    x, w = r(2, 3, 6, 6, dtype=torch.bfloat16), r(4, 3, 3, 3, dtype=torch.bfloat16)
+    check(aten.convolution.default, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+          atol=1e-1, rtol=5e-2)
+
+
+def test_conv2d_autograd_matches_cpu():
+    x = r(2, 3, 6, 6).requires_grad_()
+    w = r(4, 3, 3, 3, seed=1).requires_grad_()
+    b = r(4, seed=2).requires_grad_()
+    y = torch.nn.functional.conv2d(x, w, b, stride=2, padding=1)
+    g = r(*y.shape, seed=3)
+    expected = torch.autograd.grad(y, (x, w, b), g)
+    got = check(aten.convolution_backward.default, g, x.detach(), w.detach(), [4], [2, 2], [1, 1], [1, 1], False,
+                [0, 0], 1, [True, True, True], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(tuple(got), expected, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------- pooling
+
+MAXPOOL2D = [
+    # kernel, stride, padding, dilation, ceil_mode
+    ([2, 2], [2, 2], [0, 0], [1, 1], False),
+    ([3, 3], [2, 2], [1, 1], [1, 1], False),
+    ([3, 2], [2, 1], [1, 0], [2, 1], True),
+    ([2, 2], [], [0, 0], [1, 1], True),
+]
+
+
+@pytest.mark.parametrize("case", MAXPOOL2D)
+def test_max_pool2d(case):
+    k, s, p, d, ceil = case
+    x = r(2, 3, 7, 8)
+    out, idx = check(aten.max_pool2d_with_indices.default, x, k, s, p, d, ceil)
+    g = r(*out.shape, seed=4)
+    check(aten.max_pool2d_with_indices_backward.default, g, x, k, s, p, d, ceil, idx, **TOL)
+    check(aten.max_pool2d_with_indices.default, x[0], k, s, p, d, ceil)  # unbatched
+
+
+def test_max_pool_overlapping_windows_accumulate_grad():
+    x = torch.zeros(1, 1, 4, 4)
+    x[0, 0, 1, 1] = 5.0  # the max of several overlapping windows
+    out, idx = check(aten.max_pool2d_with_indices.default, x, [3, 3], [1, 1], [1, 1], [1, 1], False)
+    check(aten.max_pool2d_with_indices_backward.default, torch.ones_like(out), x, [3, 3], [1, 1], [1, 1], [1, 1],
+          False, idx)
+
+
+def test_max_pool3d_and_1d():
+    x = r(2, 2, 5, 6, 5)
+    out, idx = check(aten.max_pool3d_with_indices.default, x, [2, 3, 2], [2, 2, 1], [1, 1, 0], [1, 1, 2], True)
+    check(aten.max_pool3d_with_indices_backward.default, r(*out.shape), x, [2, 3, 2], [2, 2, 1], [1, 1, 0],
+          [1, 1, 2], True, idx, **TOL)
+    # max_pool1d reaches the backend as max_pool2d_with_indices on an unsqueezed input
+    x1 = r(2, 3, 10)
+    expected = torch.nn.functional.max_pool1d(x1, 3, 2, 1, return_indices=True)
+    out, idx = check(aten.max_pool2d_with_indices.default, x1.unsqueeze(-2), [1, 3], [1, 2], [0, 1], [1, 1], False)
+    torch.testing.assert_close(out.squeeze(-2), expected[0])
+    torch.testing.assert_close(idx.squeeze(-2), expected[1])
+
+
+AVGPOOL2D = [
+    # kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    ([2, 2], [2, 2], [0, 0], False, True, None),
+    ([3, 3], [2, 2], [1, 1], False, True, None),
+    ([3, 3], [2, 2], [1, 1], True, True, None),
+    ([3, 3], [2, 2], [1, 1], True, False, None),
+    ([3, 2], [2, 1], [1, 0], False, False, 5),
+    ([2, 2], [], [0, 0], True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", AVGPOOL2D)
+def test_avg_pool2d(case):
+    k, s, p, ceil, cip, div = case
+    x = r(2, 3, 7, 8)
+    out = check(aten.avg_pool2d.default, x, k, s, p, ceil, cip, div, **TOL)
+    g = r(*out.shape, seed=4)
+    check(aten.avg_pool2d_backward.default, g, x, k, s if s else k, p, ceil, cip, div, **TOL)
+    check(aten.avg_pool2d.default, x[0], k, s, p, ceil, cip, div, **TOL)
+
+
+def test_avg_pool3d():
+    x = r(2, 2, 5, 6, 5)
+    args = ([2, 3, 2], [2, 2, 1], [1, 1, 0], True, False, None)
+    out = check(aten.avg_pool3d.default, x, *args, **TOL)
+    check(aten.avg_pool3d_backward.default, r(*out.shape), x, *args, **TOL)
+    check(aten.avg_pool3d.default, x, [2, 2, 2], [], [0, 0, 0], False, True, 3, **TOL)
+
+
+@pytest.mark.parametrize("out_size", [[1, 1], [3, 3], [4, 5], [7, 8]])
+def test_adaptive_pool2d(out_size):
+    x = r(2, 3, 7, 8)
+    out = check(aten._adaptive_avg_pool2d.default, x, out_size, **TOL)
+    check(aten._adaptive_avg_pool2d_backward.default, r(*out.shape, seed=2), x, **TOL)
+    out, idx = check(aten.adaptive_max_pool2d.default, x, out_size)
+    check(aten.adaptive_max_pool2d_backward.default, r(*out.shape, seed=2), x, idx, **TOL)
+    check(aten.adaptive_max_pool2d.default, x[0], out_size)
+
+
+def test_adaptive_pool3d():
+    x = r(2, 2, 5, 6, 7)
+    out = check(aten._adaptive_avg_pool3d.default, x, [2, 4, 3], **TOL)
+    check(aten._adaptive_avg_pool3d_backward.default, r(*out.shape), x, **TOL)
+    out, idx = check(aten.adaptive_max_pool3d.default, x, [2, 4, 3])
+    check(aten.adaptive_max_pool3d_backward.default, r(*out.shape), x, idx, **TOL)
+
+
+def test_native_dropout_backward():
+    g = r(4, 5)
+    mask = r(4, 5, seed=1) > 0
+    check(aten.native_dropout_backward.default, g, mask, 2.0, **TOL)
+    check(aten.native_dropout_backward.default, g.to(torch.bfloat16), mask, 1.25)
