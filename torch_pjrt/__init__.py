@@ -1,1 +1,69 @@
-"""torch-pjrt: a native PyTorch device for every PJRT accelerator."""
+"""torch-pjrt: a native PyTorch device ("pjrt") for every accelerator PJRT reaches.
+
+`import torch` loads this package through the `torch.backends` entry point; after that,
+tensors and modules move with `.to("pjrt")`. Set TORCH_DEVICE_BACKEND_AUTOLOAD=0 to
+turn autoloading off; `import torch_pjrt` then sets the device up.
+"""
+from __future__ import annotations
+
+import torch
+
+__version__ = "0.1.0"
+__all__ = ["fallback_ops", "decomposed_ops", "registered_ops"]
+
+_ready = False
+
+
+def _setup() -> None:
+    """Register "pjrt" with torch: runtime, device module, kernels. Idempotent."""
+    global _ready
+    if _ready:
+        return
+    from . import _runtime, platform
+
+    rt = _runtime.load()
+    devices = platform.devices()
+    rt.init(len(devices), [platform.memory_capacity(i) for i in range(len(devices))], platform.synchronize)
+    torch.utils.rename_privateuse1_backend("pjrt")
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from . import device as device_module
+
+    device_module.default_generators = tuple(rt.default_generator(i) for i in range(len(devices)))
+    torch._register_device_module("pjrt", device_module)
+
+    from . import eager, fallback, ops, transfer  # noqa: F401  (ops: registers the lowerings)
+
+    eager.register(transfer.kernels())
+    global _fallback_library
+    _fallback_library = torch.library.Library("_", "IMPL")
+    _fallback_library.fallback(fallback.run, "PrivateUse1")
+    _ready = True
+
+
+def _autoload() -> None:
+    """Entry point called by `import torch` (group torch.backends)."""
+    _setup()
+
+
+def fallback_ops() -> dict[str, int]:
+    """{aten op: calls} that ran on the CPU because the op table lacks a pjrt lowering."""
+    from .fallback import fallback_ops as counts
+
+    return counts()
+
+
+def decomposed_ops() -> dict[str, int]:
+    """{aten op: calls} that ran as torch's decomposition into table ops."""
+    from .fallback import decomposed_ops as counts
+
+    return counts()
+
+
+def registered_ops() -> list[str]:
+    """Names of the aten overloads with a pjrt kernel."""
+    from .eager import registered_ops as names
+
+    return names()
+
+
+_setup()

@@ -1,1 +1,423 @@
-"""Lowerings: indexing family."""
+"""Lowerings: indexing family (advanced indexing, gathers, scatters, masks, embeddings).
+
+Writes with possibly repeated targets follow torch's CPU result on every backend: a plain
+write keeps the LAST update for each target (`put_flat` finds it with a scatter-max of
+update positions, so XLA's unordered scatter cannot pick another one), accumulating
+writes add every update. Negative indices wrap as in torch. Indices out of range are not
+checked inside compiled code (XLA clamps gathers and drops scatters).
+
+Boolean masks in `index`/`index_put` give data-dependent shapes; those lowerings are
+registered with jit=False and call jitted helpers, so the common integer case is one
+cached executable and a mask is turned into integer indices on concrete arrays.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from .promotion import cast, promote
+from .registry import lowering
+from .views import wrap_dim
+
+aten = torch.ops.aten
+INT64 = jnp.int64
+
+
+# --------------------------------------------------------------------------- helpers
+def wrap_index(index, size: int):
+    """Negative indices count from the end (torch semantics), as int64."""
+    index = index.astype(INT64)
+    return jnp.where(index < 0, index + size, index)
+
+
+def put_flat(flat, targets, updates, accumulate: bool):
+    """Write `updates` at flat positions `targets` of the 1-D array `flat`.
+
+    accumulate adds every update; otherwise the last update for each target wins, as in
+    torch's (serial) CPU kernels, independent of the backend's scatter order.
+    """
+    targets = targets.reshape(-1)
+    updates = jnp.broadcast_to(updates, targets.shape).astype(flat.dtype)
+    if accumulate:
+        if flat.dtype == jnp.bool_:
+            return flat.at[targets].max(updates, mode="drop")  # bool add is logical or
+        return flat.at[targets].add(updates, mode="drop")
+    order = jnp.arange(targets.shape[0], dtype=INT64)
+    last = jnp.full(flat.shape, -1, INT64).at[targets].max(order, mode="drop")
+    return jnp.where(last >= 0, updates[jnp.clip(last, 0)] if targets.shape[0] else flat, flat)
+
+
+def flat_positions(shape, coords):
+    """Row-major flat position from per-dim coordinate arrays (broadcast together)."""
+    strides = np.cumprod((1,) + tuple(shape[::-1]))[::-1][1:]
+    pos = jnp.zeros((), INT64)
+    for c, s in zip(coords, strides):
+        pos = pos + c.astype(INT64) * int(s)
+    return pos
+
+
+def _as_1d(x):
+    return x.reshape(1) if x.ndim == 0 else x
+
+
+# --------------------------------------------------------------------------- index / index_put
+def _is_mask(i):
+    return i is not None and i.dtype in (jnp.bool_, jnp.uint8)
+
+
+def expand_masks(self, indices):
+    """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only)."""
+    out = []
+    for i in indices:
+        if _is_mask(i):
+            out.extend(jnp.nonzero(i))
+        else:
+            out.append(i)
+    return out
+
+
+def _index_key(shape, indices):
+    if len(indices) > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)} (got {len(indices)})")
+    return tuple(slice(None) if i is None else wrap_index(i, shape[d]) for d, i in enumerate(indices))
+
+
+@jax.jit
+def _index_ints(self, indices):
+    return self[_index_key(self.shape, indices)]
+
+
+@lowering(aten.index.Tensor, jit=False)
+def index(self, indices):
+    indices = list(indices)
+    if any(_is_mask(i) for i in indices):
+        zero_d_masks = [i for i in indices if _is_mask(i) and i.ndim == 0]
+        if zero_d_masks:  # x[True] / x[False]: a new leading dim of size 1 or 0
+            keep = all(bool(m) for m in zero_d_masks)
+            rest = [i for i in indices if not (_is_mask(i) and i.ndim == 0)]
+            out = index(self, rest) if rest else self
+            return out[None] if keep else out[None][:0]
+        indices = expand_masks(self, indices)
+    return _index_ints(self, indices)
+
+
+def _index_put_ints(self, indices, values, accumulate):
+    """Every element the indexing selects gets its flat position; then one flat write."""
+    positions = jnp.arange(self.size, dtype=INT64).reshape(self.shape)
+    targets = _index_ints(positions, indices)
+    values = jnp.broadcast_to(values.astype(self.dtype), targets.shape)
+    return put_flat(self.reshape(-1), targets, values, accumulate).reshape(self.shape)
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _index_put_jit(self, indices, values, accumulate):
+    return _index_put_ints(self, indices, values, accumulate)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 4))
+def _index_put_mask(self, mask, where, values, accumulate):
+    """self[(:,)*where + mask] = values without a data-dependent shape.
+
+    The selected elements, in order, are the True positions of `mask`; the k-th of them
+    takes row k of `values` along the mask's dim (a cumsum says which k each position is).
+    """
+    k = mask.ndim
+    sel_shape = self.shape[:where] + (-1,) + self.shape[where + k:]
+    nd = len(sel_shape)
+    values = values.astype(self.dtype)
+    values = values.reshape((1,) * (nd - values.ndim) + values.shape)
+    rank = (jnp.cumsum(mask.reshape(-1), dtype=INT64) - 1).reshape(mask.shape)
+    rows = values.shape[where]
+    if rows == 0:  # nothing selected
+        return self
+    gathered = jnp.take(values, jnp.clip(rank, 0, rows - 1) if rows > 1 else jnp.zeros_like(rank), axis=where)
+    full = jnp.broadcast_to(gathered, self.shape)
+    m = mask.reshape((1,) * where + mask.shape + (1,) * (self.ndim - where - k))
+    if accumulate:
+        return jnp.where(m, self + full, self) if self.dtype != jnp.bool_ else self | (m & full)
+    return jnp.where(m, full, self)
+
+
+@lowering(aten.index_put.default, jit=False)
+def index_put(self, indices, values, accumulate=False):
+    indices = list(indices)
+    masks = [d for d, i in enumerate(indices) if _is_mask(i)]
+    if masks:
+        only = masks[0]
+        if len(masks) == 1 and indices[only].ndim > 0 and all(i is None for i in indices[:only]) \
+                and all(i is None for i in indices[only + 1:]):
+            return _index_put_mask(self, indices[only].astype(jnp.bool_), only, values, accumulate)
+        indices = expand_masks(self, indices)  # mixed masks and integer indices: concrete nonzero
+    return _index_put_jit(self, indices, values, accumulate)
+
+
+# --------------------------------------------------------------------------- gather / scatter
+def _trim_to(x, shape, skip):
+    """x sliced to `shape` in every dim but `skip` (torch lets index be smaller than self)."""
+    key = tuple(slice(None) if d == skip else slice(0, n) for d, n in enumerate(shape))
+    return x[key]
+
+
+@lowering(aten.gather.default)
+def gather(self, dim, index, *, sparse_grad=False):
+    dim = wrap_dim(dim, self.ndim)
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
+    x, idx = _as_1d(self), _as_1d(index)
+    x = _trim_to(x, idx.shape, dim)
+    out = jnp.take_along_axis(x, wrap_index(idx, x.shape[dim]), axis=dim, mode="clip")
+    return out.reshape(index.shape)
+
+
+def scatter_targets(self, dim, index):
+    """Flat position in self of each element of `index` along `dim`."""
+    x, idx = _as_1d(self), _as_1d(index)
+    coords = [wrap_index(idx, x.shape[dim]) if d == dim else jax.lax.broadcasted_iota(INT64, idx.shape, d)
+              for d in range(idx.ndim)]
+    return flat_positions(x.shape, coords)
+
+
+def _scatter(self, dim, index, src, reduce=None):
+    dim = wrap_dim(dim, self.ndim)
+    if index.size == 0:
+        return self
+    targets = scatter_targets(self, dim, index)
+    updates = _trim_to(_as_1d(src), _as_1d(index).shape, -1) if jnp.ndim(src) else src
+    flat = self.reshape(-1)
+    if reduce is None:
+        out = put_flat(flat, targets, updates, accumulate=False)
+    elif reduce in ("add", "sum"):
+        out = put_flat(flat, targets, updates, accumulate=True)
+    elif reduce == "multiply":
+        out = flat.at[targets.reshape(-1)].multiply(jnp.broadcast_to(updates, targets.shape).reshape(-1)
+                                                    .astype(flat.dtype), mode="drop")
+    else:
+        raise RuntimeError(f"reduce argument must be either add or multiply. Got {reduce}")
+    return out.reshape(self.shape)
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def scatter(self, dim, index, src):
+    src = src if jnp.ndim(src) else cast(src, self.dtype)
+    return _scatter(self, dim, index, src)
+
+
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(self, dim, index, src, *, reduce):
+    src = src if jnp.ndim(src) else cast(src, self.dtype)
+    return _scatter(self, dim, index, src, reduce)
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, "add")
+
+
+def _identity(op, dtype):
+    if op == "amax":
+        return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else (jnp.iinfo(dtype).min if dtype != jnp.bool_ else False)
+    if op == "amin":
+        return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else (jnp.iinfo(dtype).max if dtype != jnp.bool_ else True)
+    return 1 if op == "prod" else 0
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    dim = wrap_dim(dim, self.ndim)
+    if index.size == 0:
+        return self
+    targets = scatter_targets(self, dim, index).reshape(-1)
+    updates = _trim_to(_as_1d(src), _as_1d(index).shape, -1).reshape(-1).astype(self.dtype)
+    flat = self.reshape(-1)
+    hit = jnp.zeros(flat.shape, jnp.bool_).at[targets].set(True, mode="drop")
+    base = flat if include_self else jnp.where(hit, jnp.asarray(_identity(reduce, self.dtype), self.dtype), flat)
+    if reduce in ("sum", "mean"):
+        out = base.at[targets].add(updates, mode="drop")
+    elif reduce == "prod":
+        out = base.at[targets].multiply(updates, mode="drop")
+    else:
+        nan = jnp.zeros(flat.shape, jnp.bool_)
+        if jnp.issubdtype(self.dtype, jnp.floating):  # torch propagates NaN; XLA's max may not
+            nan = jnp.zeros(flat.shape, jnp.bool_).at[targets].max(jnp.isnan(updates), mode="drop")
+            nan = nan | jnp.isnan(base)
+        out = (base.at[targets].max if reduce == "amax" else base.at[targets].min)(updates, mode="drop")
+        out = jnp.where(nan, jnp.asarray(jnp.nan, self.dtype), out) if jnp.issubdtype(self.dtype, jnp.floating) \
+            else out
+    if reduce == "mean":
+        count = jnp.zeros(flat.shape, INT64).at[targets].add(1, mode="drop") + int(include_self)
+        count = jnp.maximum(count, 1)
+        if jnp.issubdtype(self.dtype, jnp.inexact):
+            out = out / count.astype(self.dtype)
+        else:
+            out = jnp.floor_divide(out, count.astype(self.dtype))
+        out = jnp.where(hit, out, flat)
+    return out.reshape(self.shape).astype(self.dtype)
+
+
+# --------------------------------------------------------------------------- index_* along a dim
+def _along(ndim, dim, key):
+    return (slice(None),) * dim + (key,)
+
+
+def _dim_index(self, dim, index):
+    dim = wrap_dim(dim, self.ndim)
+    n = self.shape[dim] if self.ndim else 1
+    return dim, wrap_index(index.reshape(-1), n)
+
+
+@lowering(aten.index_select.default)
+def index_select(self, dim, index):
+    dim, idx = _dim_index(self, dim, index)
+    if self.ndim == 0:
+        return jnp.take(self.reshape(1), idx, mode="clip").reshape(index.shape if index.ndim else ())
+    return jnp.take(self, idx, axis=dim, mode="clip")
+
+
+@lowering(aten.index_add.default)
+def index_add(self, dim, index, source, *, alpha=1):
+    dim, idx = _dim_index(self, dim, index)
+    compute, _ = promote(source, alpha)
+    scaled = (cast(source, compute) * alpha).astype(self.dtype) if self.dtype != jnp.bool_ \
+        else source.astype(jnp.bool_)
+    x = _as_1d(self)
+    scaled = scaled.reshape(x.shape[:dim] + (idx.shape[0],) + x.shape[dim + 1:])
+    if self.dtype == jnp.bool_:
+        out = x.at[_along(x.ndim, dim, idx)].max(scaled, mode="drop")
+    else:
+        out = x.at[_along(x.ndim, dim, idx)].add(scaled, mode="drop")
+    return out.reshape(self.shape)
+
+
+@lowering(aten.index_copy.default)
+def index_copy(self, dim, index, source):
+    """Rows of source copied to rows `index` of self along dim; the last duplicate wins."""
+    dim, idx = _dim_index(self, dim, index)
+    x = _as_1d(self)
+    n = x.shape[dim]
+    source = source.astype(self.dtype).reshape(x.shape[:dim] + (idx.shape[0],) + x.shape[dim + 1:])
+    last = jnp.full((n,), -1, INT64).at[idx].max(jnp.arange(idx.shape[0], dtype=INT64), mode="drop")
+    rows = jnp.take(source, jnp.clip(last, 0), axis=dim, mode="clip") if idx.shape[0] else x
+    hit = (last >= 0).reshape((1,) * dim + (n,) + (1,) * (x.ndim - dim - 1))
+    return jnp.where(hit, rows, x).reshape(self.shape)
+
+
+def _index_fill(self, dim, index, value):
+    dim, idx = _dim_index(self, dim, index)
+    x = _as_1d(self)
+    n = x.shape[dim]
+    hit = jnp.zeros((n,), jnp.bool_).at[idx].set(True, mode="drop")
+    hit = hit.reshape((1,) * dim + (n,) + (1,) * (x.ndim - dim - 1))
+    return jnp.where(hit, cast(value, self.dtype), x).reshape(self.shape)
+
+
+@lowering(aten.index_fill.int_Scalar)
+def index_fill(self, dim, index, value):
+    return _index_fill(self, dim, index, value)
+
+
+@lowering(aten.index_fill.int_Tensor)
+def index_fill_tensor(self, dim, index, value):
+    if value.ndim != 0:
+        raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s).")
+    return _index_fill(self, dim, index, value)
+
+
+# --------------------------------------------------------------------------- masks
+@lowering(aten.masked_fill.Scalar)
+def masked_fill(self, mask, value):
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    return jnp.where(mask, cast(value, self.dtype), jnp.broadcast_to(self, shape))
+
+
+@lowering(aten.masked_fill.Tensor)
+def masked_fill_tensor(self, mask, value):
+    if value.ndim != 0:
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s).")
+    return masked_fill(self, mask, value)
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(self, mask, source):
+    """The k-th True position of mask takes source's k-th element (k from a cumsum)."""
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    x, m = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
+    rank = jnp.cumsum(m.reshape(-1), dtype=INT64) - 1
+    src = source.reshape(-1).astype(self.dtype)
+    if src.shape[0] == 0:
+        return x
+    picked = jnp.take(src, jnp.clip(rank, 0, src.shape[0] - 1)).reshape(shape)
+    return jnp.where(m, picked, x)
+
+
+@lowering(aten.masked_select.default, jit=False)
+def masked_select(self, mask):
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
+
+
+@lowering(aten.take.default)
+def take(self, index):
+    return jnp.take(self.reshape(-1), wrap_index(index, self.size), mode="clip") if self.size else \
+        jnp.zeros(index.shape, self.dtype)
+
+
+@lowering(aten.put.default)
+def put(self, index, source, accumulate=False):
+    targets = wrap_index(index, self.size)
+    return put_flat(self.reshape(-1), targets, source.reshape(-1), accumulate).reshape(self.shape)
+
+
+@lowering(aten.nonzero.default, jit=False)
+def nonzero(self):
+    if self.ndim == 0:
+        return jnp.zeros((int(self != 0), 0), INT64)
+    return jnp.stack(jnp.nonzero(self), axis=1).astype(INT64)
+
+
+@lowering(aten.nonzero_static.default)
+def nonzero_static(self, *, size, fill_value=-1):
+    x = self.reshape(1) if self.ndim == 0 else self
+    coords = jnp.nonzero(x, size=size, fill_value=fill_value)
+    out = jnp.stack(coords, axis=1).astype(INT64)
+    return out[:, :0] if self.ndim == 0 else out
+
+
+# --------------------------------------------------------------------------- where
+def _where(condition, a, b):
+    _, dtype = promote(a, b)
+    return jnp.where(condition.astype(jnp.bool_), cast(a, dtype), cast(b, dtype))
+
+
+@lowering(aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)  # where.self: elementwise.py
+def where(condition, self, other):
+    return _where(condition, self, other)
+
+
+# --------------------------------------------------------------------------- embeddings
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices.astype(INT64), axis=0, mode="clip")
+
+
+@lowering(aten.embedding_dense_backward.default)
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    idx = indices.reshape(-1).astype(INT64)
+    grad = grad_output.reshape(idx.shape[0], -1)
+    keep = (idx != padding_idx)[:, None]
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), INT64).at[idx].add(1, mode="drop")
+        grad = grad / jnp.take(counts, idx, mode="clip")[:, None].astype(grad.dtype)
+    grad = jnp.where(keep, grad, jnp.zeros((), grad.dtype))
+    acc = grad.astype(jnp.float32) if grad.dtype in (jnp.float16, jnp.bfloat16) else grad
+    out = jnp.zeros((num_weights, acc.shape[1]), acc.dtype).at[idx].add(acc, mode="drop")
+    return out.astype(grad_output.dtype).reshape(num_weights, *grad_output.shape[indices.ndim:])
+

@@ -17,12 +17,14 @@ from .signature import SCALAR, STATIC, Signature
 def static_positions(lowering: Lowering, sig: Signature) -> tuple:
     return tuple(
         i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
-        if kind == STATIC or (kind == SCALAR and name in lowering.static)
+        if (kind == STATIC and name != "generator") or (kind == SCALAR and name in lowering.static)
     )
 
 
 def call_lowering(lowering: Lowering, sig: Signature, *values):
-    pos, kw = sig.split(list(values))
+    pos, kw = sig.split(list(values[: len(sig.names)]))
+    if len(values) > len(sig.names):  # the seed of a random op whose schema has no generator
+        kw["generator"] = values[-1]
     return lowering.fn(*pos, **kw)
 
 

@@ -8,6 +8,8 @@ exactly as the aten schema orders and names them, with:
     Python, use jnp.where;
   * every other argument (int, int[], float, bool, str, dtype, ...) as a plain Python
     value, static for the executable.
+Random ops take their randomness from a `generator` argument that arrives as a traced
+64-bit seed drawn from the torch generator (ops.random.key turns it into a JAX key).
 It returns a jax array, or a tuple of them for multi-output ops, with exactly the dtype
 and shape PyTorch gives (use `ops.promotion` for dtypes). In-place (`op_`) and `out=`
 overloads are derived from the functional lowering; do not register them.
@@ -31,12 +33,13 @@ class Lowering:
     fn: Callable
     static: frozenset  # names of Scalar arguments that must be concrete (shape-determining)
     jit: bool  # False: data-dependent output shape, runs op-by-op on concrete arrays
+    random: bool  # True: receives `generator=` as a traced 64-bit seed even if the schema has none
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
-def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True) -> Callable:
+def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`."""
 
     def register(fn: Callable) -> Callable:
@@ -45,7 +48,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True) -> 
                 raise TypeError(f"lowering({op}): pass an overload such as aten.add.Tensor, not a packet")
             if op in LOWERINGS:
                 raise ValueError(f"{op} already has a lowering ({LOWERINGS[op].fn.__qualname__})")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random)
         return fn
 
     return register

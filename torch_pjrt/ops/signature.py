@@ -42,7 +42,7 @@ class Signature:
             names=tuple(a.name for a in args),
             kinds=tuple(_kind(a.type) for a in args),
             kwarg_only=tuple(a.kwarg_only for a in args),
-            defaults=tuple(a.default_value if a.has_default_value() else _REQUIRED for a in args),
+            defaults=tuple(_default(a) for a in args),
             written=tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write),
         )
 
@@ -61,6 +61,21 @@ class Signature:
         pos = [v for v, k in zip(values, self.kwarg_only) if not k]
         kw = {n: v for n, v, k in zip(self.names, values, self.kwarg_only) if k}
         return pos, kw
+
+
+# Schema defaults of ScalarType arguments arrive as c10::ScalarType enum values.
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+                 6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool,
+                 15: torch.bfloat16}
+
+
+def _default(arg):
+    if not arg.has_default_value():
+        return _REQUIRED
+    value = arg.default_value
+    if isinstance(value, int) and "ScalarType" in str(arg.real_type):
+        return _SCALAR_TYPES[value]
+    return value
 
 
 class _Required:

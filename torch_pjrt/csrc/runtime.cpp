@@ -1,0 +1,595 @@
+// torch-pjrt runtime (DESIGN.md layer 1): the C++ half of the "pjrt" PrivateUse1 device.
+//
+//  * Allocator: a storage's data pointer is a unique handle inside a reserved PROT_NONE
+//    range (never dereferenced, so a stray read faults instead of corrupting memory);
+//    the DataPtr's context (Holder) owns the storage's JAX buffer (a Python object).
+//  * Device guard with N devices, streams and timing events; PrivateUse1 hooks with
+//    default and new generators and a pinned host-memory allocator.
+//  * Memory statistics and a capacity limit per device (an allocation past it raises
+//    torch.OutOfMemoryError, like CUDA's caching allocator).
+//  * Metadata-only kernels (empty, empty_strided, as_strided, view, _reshape_alias,
+//    resize_, set_): no data moves, so they never touch Python.
+// Everything that computes lives in Python (storage.py, the op table).
+#include <torch/extension.h>
+#include <torch/csrc/Generator.h>
+#include <torch/version.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <sys/mman.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
+
+namespace torch_pjrt {
+
+constexpr c10::DeviceType kPjrt = c10::DeviceType::PrivateUse1;
+constexpr int kMaxDevices = 64;
+
+static int g_device_count = 0;
+static thread_local c10::DeviceIndex g_current_device = 0;
+static PyObject* g_synchronize = nullptr;  // Python callable(device_index)
+
+static c10::DeviceIndex checked_index(c10::DeviceIndex idx) {
+  if (idx < 0) idx = g_current_device;
+  TORCH_CHECK_INDEX(idx < g_device_count, "pjrt: invalid device index ", int(idx),
+                    "; this process has ", g_device_count, " pjrt device(s)");
+  return idx;
+}
+
+// ---------------------------------------------------------------------------
+// Memory statistics, per device
+// ---------------------------------------------------------------------------
+struct DeviceMemory {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> frees{0};
+  std::atomic<int64_t> oom{0};
+  int64_t limit = INT64_MAX;
+};
+static std::array<DeviceMemory, kMaxDevices> g_memory;
+
+// ---------------------------------------------------------------------------
+// Handle arena: unique, non-overlapping addresses for live storages, so PyTorch's
+// overlap checks stay right, but any dereference faults.
+// ---------------------------------------------------------------------------
+class HandleArena {
+ public:
+  char* take(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!base_) {
+      void* p = mmap(nullptr, kCapacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      TORCH_CHECK(p != MAP_FAILED, "pjrt: cannot reserve address space for storage handles");
+      base_ = static_cast<char*>(p);
+    }
+    size_t r = size_class(n);
+    auto& free = free_[r];
+    if (!free.empty()) {
+      char* h = free.back();
+      free.pop_back();
+      return h;
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, top_ + r <= kCapacity,
+                     "pjrt: out of storage handle space allocating ", n, " bytes");
+    char* h = base_ + top_;
+    top_ += r;
+    return h;
+  }
+  void give_back(char* h, size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size_class(n)].push_back(h);
+  }
+
+ private:
+  static constexpr size_t kCapacity = size_t(1) << 46;  // 64 TiB of addresses, no memory
+  static size_t size_class(size_t n) {
+    size_t r = 64;
+    while (r < n) r <<= 1;
+    return r;
+  }
+  char* base_ = nullptr;
+  size_t top_ = 0;
+  std::map<size_t, std::vector<char*>> free_;
+  std::mutex mu_;
+};
+static HandleArena g_arena;
+
+// The DataPtr context of a pjrt storage: owns the storage's JAX buffer.
+struct Holder {
+  PyObject* buffer = nullptr;       // jax.Array, or nullptr while uninitialised
+  std::vector<int64_t> shape;       // the buffer's shape and dtype, kept here so the
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // hot read path stays in C++
+  char* handle = nullptr;
+  size_t nbytes = 0;
+  c10::DeviceIndex device = 0;
+};
+
+static void release_holder(void* ctx) {
+  auto* h = static_cast<Holder*>(ctx);
+  if (h->buffer && Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    Py_DECREF(h->buffer);
+  }
+  auto& mem = g_memory[h->device];
+  mem.allocated -= int64_t(h->nbytes);
+  mem.frees++;
+  g_arena.give_back(h->handle, h->nbytes);
+  delete h;
+}
+
+struct PjrtAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override { return allocate_on(g_current_device, nbytes); }
+
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
+    device = checked_index(device);
+    auto& mem = g_memory[device];
+    int64_t now = mem.allocated.load();
+    if (int64_t(nbytes) > mem.limit - now) {
+      mem.oom++;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of memory on pjrt:", int(device),
+                       ": tried to allocate ", format_bytes(nbytes), " with ", format_bytes(now),
+                       " already allocated of ", format_bytes(mem.limit),
+                       " device capacity. Free tensors (del, torch.pjrt.empty_cache()) or use smaller batches.");
+    }
+    auto* h = new Holder();
+    h->nbytes = nbytes;
+    h->device = device;
+    h->handle = g_arena.take(nbytes);
+    now = (mem.allocated += int64_t(nbytes));
+    int64_t peak = mem.peak.load();
+    while (now > peak && !mem.peak.compare_exchange_weak(peak, now)) {
+    }
+    mem.allocations++;
+    return {h->handle, h, &release_holder, c10::Device(kPjrt, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "pjrt: device memory cannot be copied byte-wise; use Tensor.copy_() or .to()");
+  }
+
+  static std::string format_bytes(size_t n) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.2f MiB", double(n) / (1024.0 * 1024.0));
+    return buf;
+  }
+};
+static PjrtAllocator g_allocator;
+REGISTER_ALLOCATOR(kPjrt, &g_allocator);
+
+static Holder* holder_of(const c10::Storage& s) {
+  const auto& dp = s.data_ptr();
+  if (dp.get_deleter() != &release_holder) return nullptr;
+  return static_cast<Holder*>(dp.get_context());
+}
+
+static Holder* checked_holder(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == kPjrt, "pjrt: expected a pjrt tensor, got one on ", t.device());
+  Holder* h = holder_of(t.storage());
+  TORCH_CHECK(h, "pjrt: tensor storage was not allocated by the pjrt allocator");
+  return h;
+}
+
+// ---------------------------------------------------------------------------
+// Pinned host memory: ordinary CPU memory that we remember, so is_pinned() is true
+// and DataLoader(pin_memory=True) works. PJRT copies from any host memory.
+// ---------------------------------------------------------------------------
+static std::mutex g_pinned_mu;
+static std::unordered_set<const void*> g_pinned;
+
+static void free_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(p);
+  }
+  c10::free_cpu(p);
+}
+
+struct PinnedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (p) {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned.insert(p);
+    }
+    return {p, p, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+static PinnedAllocator g_pinned_allocator;
+
+static bool is_pinned_ptr(const void* p) {
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  return g_pinned.count(p) > 0;
+}
+
+// ---------------------------------------------------------------------------
+// Device synchronisation goes to Python (it waits on the platform's JAX arrays).
+// ---------------------------------------------------------------------------
+static void synchronize_device(c10::DeviceIndex idx) {
+  if (!g_synchronize || !Py_IsInitialized()) return;
+  pybind11::gil_scoped_acquire gil;
+  pybind11::handle callback(g_synchronize);
+  callback(int(idx));
+}
+
+// Events are host timestamps taken after the device has drained: exact for
+// elapsed_time, and record() waits, as CUDA's does with a blocking event.
+struct Event {
+  double ms = 0;
+  bool recorded = false;
+};
+
+static double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Streams: PJRT orders work per device, so every stream of a device is one queue;
+// streams are still distinct objects so torch.Stream code runs unchanged.
+static std::atomic<c10::StreamId> g_next_stream_id{1};
+static thread_local std::array<c10::StreamId, kMaxDevices> g_current_stream{};
+
+struct PjrtGuard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kPjrt; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    auto old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kPjrt, g_current_device); }
+  void setDevice(c10::Device d) const override {
+    if (d.index() >= 0) g_current_device = checked_index(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < g_device_count) g_current_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    auto idx = d.index() < 0 ? g_current_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kPjrt, idx), g_current_stream[idx]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    auto idx = d.index() < 0 ? g_current_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kPjrt, idx), 0);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool = false) const override {
+    return getNewStream(d, 0);
+  }
+  c10::Stream getNewStream(c10::Device d, int = 0) const override {
+    auto idx = d.index() < 0 ? g_current_device : d.index();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kPjrt, idx), g_next_stream_id++);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override {
+    auto old = getStream(s.device());
+    g_current_stream[s.device_index()] = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return g_device_count; }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    if (!*event) *event = new Event();
+    synchronize_device(stream.device_index());
+    auto* e = static_cast<Event*>(*event);
+    e->ms = now_ms();
+    e->recorded = true;
+  }
+  void block(void*, const c10::Stream&) const override {}  // one queue per device: already ordered
+  bool queryEvent(void*) const override { return true; }   // record() waited for the work
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<Event*>(event);
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    synchronize_device(s.device_index());
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& s) const override { synchronize_device(s.device_index()); }
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex idx) const override { synchronize_device(idx); }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<Event*>(start);
+    auto* b = static_cast<Event*>(end);
+    TORCH_CHECK(a && b && a->recorded && b->recorded,
+                "pjrt: elapsed_time needs both events to have been recorded");
+    return b->ms - a->ms;
+  }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, PjrtGuard);
+
+// ---------------------------------------------------------------------------
+// Generators: torch's CPU Philox/MT state machine, placed on the pjrt device; the
+// Python side draws 64-bit seeds from it to derive JAX keys.
+// ---------------------------------------------------------------------------
+struct PjrtGenerator : public at::CPUGeneratorImpl {
+  explicit PjrtGenerator(c10::DeviceIndex idx) {
+    device_ = c10::Device(kPjrt, idx);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+  static c10::DeviceType device_type() { return kPjrt; }
+};
+
+static const at::Generator& default_generator(c10::DeviceIndex idx) {
+  static std::vector<at::Generator> generators = [] {
+    std::vector<at::Generator> v;
+    for (int i = 0; i < g_device_count; i++) {
+      v.push_back(at::make_generator<PjrtGenerator>(i));
+      v.back().set_current_seed(c10::default_rng_seed_val);
+    }
+    return v;
+  }();
+  return generators[checked_index(idx)];
+}
+
+// Grow a storage (resize_, set_): a larger handle range; the buffer is padded lazily.
+static void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
+  Holder* old = holder_of(storage);
+  auto dp = g_allocator.allocate_on(old ? old->device : g_current_device, new_nbytes);
+  auto* fresh = static_cast<Holder*>(dp.get_context());
+  if (old && old->buffer) {
+    pybind11::gil_scoped_acquire gil;
+    Py_INCREF(old->buffer);
+    fresh->buffer = old->buffer;
+    fresh->shape = old->shape;
+    fresh->dtype = old->dtype;
+  }
+  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(dp));
+  storage.unsafeGetStorageImpl()->set_nbytes(new_nbytes);
+}
+
+struct PjrtHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return g_device_count > 0; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void init() const override {}
+  c10::DeviceIndex deviceCount() const override { return g_device_count; }
+  void setCurrentDevice(c10::DeviceIndex d) const override { g_current_device = checked_index(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return g_current_device; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    auto old = g_current_device;
+    g_current_device = checked_index(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex idx) const override { return default_generator(idx); }
+  at::Generator getNewGenerator(c10::DeviceIndex idx) const override {
+    return at::make_generator<PjrtGenerator>(checked_index(idx));
+  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(kPjrt, g_current_device); }
+  bool isPinnedPtr(const void* p) const override { return is_pinned_ptr(p); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
+  void resizePrivateUse1Bytes(const c10::Storage& s, size_t n) const override { resize_storage_bytes(s, n); }
+};
+
+// ---------------------------------------------------------------------------
+// Metadata-only kernels
+// ---------------------------------------------------------------------------
+static c10::DispatchKeySet pjrt_keys() { return c10::DispatchKeySet(c10::DispatchKey::PrivateUse1); }
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout>, std::optional<c10::Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(c10::device_or_default(device));
+  return at::detail::empty_generic(size, &g_allocator, pjrt_keys(), c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
+  c10::DeviceGuard guard(c10::device_or_default(device));
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, pjrt_keys(), c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+// Make the storage large enough for the tensor's (new) geometry.
+static void fit_storage(const at::Tensor& self) {
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->numel() == 0) return;
+  int64_t extent = 1;
+  for (int64_t i = 0; i < impl->dim(); i++) extent += (impl->sizes()[i] - 1) * impl->strides()[i];
+  size_t need = size_t(impl->storage_offset() + extent) * self.itemsize();
+  if (need > impl->storage().nbytes()) resize_storage_bytes(impl->storage(), need);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  fit_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage storage, int64_t offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(storage));
+  impl->set_storage_offset(offset);
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+  } else {
+    impl->set_sizes_and_strides(size, stride);
+  }
+  fit_storage(self);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage storage) {
+  int64_t n = int64_t(storage.nbytes() / self.itemsize());
+  return set_storage_offset(self, std::move(storage), 0, {n}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& src) {
+  return set_storage_offset(self, src.storage(), src.storage_offset(), src.sizes(), src.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  auto dp = g_allocator.allocate_on(self.device().index(), 0);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(dp), &g_allocator, true);
+  return set_storage_offset(self, std::move(storage), 0, {0}, {});
+}
+
+// Module._apply swaps parameters in place (keeping tied weights tied) only when the
+// two tensors have compatible TensorImpls; pjrt tensors are plain dense TensorImpls.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    auto type = t.device().type();
+    return t.layout() == c10::kStrided && !t.is_nested() &&
+           (type == kPjrt || type == c10::DeviceType::CPU || type == c10::DeviceType::Meta);
+  };
+  return (dense(self) && dense(from)) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", view);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage_offset);
+  m.impl("set_.source_Storage", set_storage);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
+// ---------------------------------------------------------------------------
+// Python interface (used by storage.py and device.py only)
+// ---------------------------------------------------------------------------
+// The buffer if `t` is exactly its storage's buffer (same shape, dtype, offset 0,
+// contiguous), else None: the zero-cost read of the eager hot path.
+py::object whole_buffer(const at::Tensor& t) {
+  Holder* h = holder_of(t.storage());
+  if (!h || !h->buffer || t.storage_offset() != 0 || t.scalar_type() != h->dtype ||
+      t.sizes() != c10::IntArrayRef(h->shape) || !t.is_contiguous()) {
+    return py::none();
+  }
+  return py::reinterpret_borrow<py::object>(h->buffer);
+}
+
+py::object buffer(const at::Tensor& t) {
+  Holder* h = checked_holder(t);
+  if (!h->buffer) return py::none();
+  return py::reinterpret_borrow<py::object>(h->buffer);
+}
+
+// Replace the storage's buffer; `shape` and `dtype` describe the new buffer.
+void set_buffer(const at::Tensor& t, py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype) {
+  Holder* h = checked_holder(t);
+  PyObject* o = obj.release().ptr();
+  std::swap(h->buffer, o);
+  h->shape = std::move(shape);
+  h->dtype = dtype;
+  Py_XDECREF(o);
+}
+
+// A fresh contiguous pjrt tensor owning `obj` (a JAX array of that shape and dtype).
+at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype, c10::DeviceIndex device) {
+  int64_t numel = 1;
+  for (auto s : shape) numel *= s;
+  size_t nbytes = size_t(numel) * c10::elementSize(dtype);
+  auto dp = g_allocator.allocate_on(device, nbytes);
+  auto* h = static_cast<Holder*>(dp.get_context());
+  h->buffer = obj.release().ptr();
+  h->shape = shape;
+  h->dtype = dtype;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), &g_allocator, /*resizable=*/true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), pjrt_keys(), c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
+int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
+
+// 64 random bits from a pjrt generator (the default one of `device` when None).
+uint64_t next_seed(py::object generator, c10::DeviceIndex device) {
+  at::Generator gen = generator.is_none() ? default_generator(device) : THPGenerator_Unwrap(generator.ptr());
+  auto* impl = at::check_generator<PjrtGenerator>(gen);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return impl->random64();
+}
+
+py::object py_default_generator(int idx) {
+  return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(idx)));
+}
+
+void init(int device_count, std::vector<int64_t> limits, py::object synchronize) {
+  TORCH_CHECK(device_count > 0 && device_count <= kMaxDevices, "pjrt: unsupported device count ", device_count);
+  g_device_count = device_count;
+  for (int i = 0; i < device_count && i < int(limits.size()); i++) g_memory[i].limit = limits[i];
+  Py_XDECREF(g_synchronize);
+  g_synchronize = synchronize.release().ptr();
+  static PjrtHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+}
+
+py::dict memory_stats(int device) {
+  auto& m = g_memory[checked_index(device)];
+  py::dict d;
+  d["allocated_bytes.all.current"] = m.allocated.load();
+  d["allocated_bytes.all.peak"] = m.peak.load();
+  d["allocation.all.allocated"] = m.allocations.load();
+  d["allocation.all.freed"] = m.frees.load();
+  d["allocation.all.current"] = m.allocations.load() - m.frees.load();
+  d["num_ooms"] = m.oom.load();
+  d["capacity_bytes"] = m.limit;
+  return d;
+}
+
+void reset_peak(int device) {
+  auto& m = g_memory[checked_index(device)];
+  m.peak = m.allocated.load();
+}
+
+}  // namespace torch_pjrt
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace tp = torch_pjrt;
+  m.def("init", &tp::init);
+  m.def("whole_buffer", &tp::whole_buffer);
+  m.def("buffer", &tp::buffer);
+  m.def("set_buffer", &tp::set_buffer);
+  m.def("wrap", &tp::wrap);
+  m.def("storage_nbytes", &tp::storage_nbytes);
+  // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
+  m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });
+  m.def("next_seed", &tp::next_seed);
+  m.def("default_generator", &tp::py_default_generator);
+  m.def("memory_stats", &tp::memory_stats);
+  m.def("reset_peak", &tp::reset_peak);
+  m.def("current_device", []() { return int(tp::g_current_device); });
+  m.def("set_device", [](int d) { tp::g_current_device = tp::checked_index(d); });
+  m.def("device_count", []() { return tp::g_device_count; });
+  m.attr("torch_version") = TORCH_VERSION;
+}

@@ -1,0 +1,288 @@
+"""Layer 4a: eager kernels on PrivateUse1, generated from the op table.
+
+For every lowering the table holds, this module registers a kernel for the functional
+overload and derives the in-place (`op_`) and `out=` overloads from it. A kernel binds
+the dispatcher's arguments to the schema, checks devices as CUDA does, reads tensors
+as JAX arrays (storage.read), calls the op's cached executable and wraps the results
+(or writes them back for in-place and out= overloads).
+
+Ops the table lacks go to `fallback.py` (decomposition, else a loud CPU fallback).
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import platform, storage
+from ._runtime import load as _load_runtime
+from .dtypes import to_jax, to_torch
+from .ops.jitted import executable, prepare
+from .ops.registry import LOWERINGS, Lowering
+from .ops.signature import SCALAR, TENSOR, TENSOR_LIST, Signature
+
+aten = torch.ops.aten
+_rt = _load_runtime()
+
+
+class DeviceMismatch(RuntimeError):
+    pass
+
+
+def _op_label(op) -> str:
+    return f"{op._schema.name}.{op._overloadname}" if op._overloadname != "default" else op._schema.name
+
+
+def _device_index(device) -> int:
+    if device is None:
+        return _rt.current_device()
+    device = torch.device(device)
+    return _rt.current_device() if device.index is None else device.index
+
+
+class Operands:
+    """Turns a call's tensors into JAX arrays, checking that they share one pjrt device."""
+
+    __slots__ = ("op", "device")
+
+    def __init__(self, op, device: int | None):
+        self.op = op
+        self.device = device
+
+    def array(self, t, arg: str):
+        if t is None or not isinstance(t, torch.Tensor):
+            return t  # None, or a Python number passed for a Tensor argument (promotes as a Scalar)
+        index = t.get_device()
+        if index >= 0 and t.device.type == "pjrt":
+            if self.device is None:
+                self.device = index
+            elif index != self.device:
+                self._mismatch(f"pjrt:{self.device}", f"pjrt:{index}", arg)
+            return storage.read(t)
+        if t.is_cpu and t.dim() == 0:  # CPU scalars mix with device tensors, as with CUDA
+            if _rt.is_wrapped_number(t):
+                return t.item()
+            return jnp.asarray(t.item(), dtype=to_jax(t.dtype))
+        self._mismatch(f"pjrt:{self.device if self.device is not None else 0}", str(t.device), arg)
+
+    def _mismatch(self, a: str, b: str, arg: str):
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
+            f"(when checking argument '{arg}' in {_op_label(self.op)})"
+        )
+
+
+def _first_pjrt_device(values, sig: Signature) -> int | None:
+    for v, kind in zip(values, sig.kinds):
+        if kind == TENSOR and isinstance(v, torch.Tensor) and v.device.type == "pjrt":
+            return v.get_device()
+        if kind == TENSOR_LIST and v:
+            for t in v:
+                if isinstance(t, torch.Tensor) and t.device.type == "pjrt":
+                    return t.get_device()
+    return None
+
+
+def _unwrap(op, sig: Signature, values: list, device: int | None) -> tuple[list, int]:
+    operands = Operands(op, device if device is not None else _first_pjrt_device(values, sig))
+    for i, kind in enumerate(sig.kinds):
+        if kind == TENSOR:
+            values[i] = operands.array(values[i], sig.names[i])
+        elif kind == TENSOR_LIST and values[i] is not None:
+            values[i] = [operands.array(t, sig.names[i]) for t in values[i]]
+    if operands.device is None:
+        operands.device = _rt.current_device()
+    return values, operands.device
+
+
+def _wrap(result, device: int):
+    if isinstance(result, jax.Array):
+        return storage.wrap(result, device)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_wrap(r, device) for r in result)
+    return result
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def _placement(device: int, has_inputs: bool):
+    """Computations follow their inputs; factories need the device said explicitly."""
+    if has_inputs or device == 0:
+        return _nothing()
+    return jax.default_device(platform.device(device))
+
+
+class Kernel:
+    """The PrivateUse1 kernel of one functional overload."""
+
+    def __init__(self, lowering: Lowering):
+        self.op = lowering.op
+        self.lowering = lowering
+        self.sig = Signature.of(lowering.op)
+        self.run = executable(lowering)
+        self.has_tensor_args = any(k in (TENSOR, TENSOR_LIST) for k in self.sig.kinds)
+        self.device_arg = self.sig.names.index("device") if "device" in self.sig.names else None
+        self.generator_arg = self.sig.names.index("generator") if "generator" in self.sig.names else None
+        self.random = lowering.random or self.generator_arg is not None
+
+    def compute(self, args: tuple, kwargs: dict):
+        """(raw JAX result, device index) for a dispatcher call."""
+        values = self.sig.bind(args, kwargs)
+        device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
+        values, device = _unwrap(self.op, self.sig, values, device)
+        if self.random:
+            generator = values[self.generator_arg] if self.generator_arg is not None else None
+            seed = np.uint64(_rt.next_seed(generator, device))
+            if self.generator_arg is not None:
+                values[self.generator_arg] = seed
+            else:
+                values.append(seed)
+        values = prepare(self.lowering, self.sig, values)
+        with _placement(device, self.has_tensor_args):
+            return self.run(*values), device
+
+    def __call__(self, *args, **kwargs):
+        result, device = self.compute(args, kwargs)
+        return _wrap(result, device)
+
+
+def _check_castable(op, result_dtype, out: torch.Tensor):
+    if not torch.can_cast(result_dtype, out.dtype):
+        raise RuntimeError(
+            f"{_op_label(op)}: result type {_torch_name(result_dtype)} can't be cast to the desired output type "
+            f"{_torch_name(out.dtype)}"
+        )
+
+
+def _torch_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.int16: "Short",
+            torch.int8: "Char", torch.uint8: "Byte", torch.complex64: "ComplexFloat",
+            torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
+
+
+def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
+    """Write a kernel result into an existing tensor (self of op_, or an out= tensor)."""
+    _check_castable(op, to_torch(value.dtype), target)
+    shape = tuple(value.shape)
+    if tuple(target.shape) != shape:
+        if resize:
+            if target.numel() != 0:
+                warnings.warn(
+                    f"An output with one or more elements was resized since it had shape {list(target.shape)}, "
+                    f"which does not match the required output shape {list(shape)}. (in {_op_label(op)})"
+                )
+            target.resize_(shape)
+        elif np.broadcast_shapes(shape, tuple(target.shape)) != tuple(target.shape):
+            raise RuntimeError(
+                f"{_op_label(op)}: output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}"
+            )
+    storage.write(target, value)
+
+
+class InplaceKernel:
+    """`op_` from the functional `op`: compute, then write into self."""
+
+    def __init__(self, op, functional: Kernel):
+        self.op, self.functional = op, functional
+        self.self_is_list = Signature.of(op).kinds[0] == TENSOR_LIST
+
+    def __call__(self, *args, **kwargs):
+        result, _ = self.functional.compute(args, kwargs)
+        target = args[0] if args else kwargs["self"]
+        if self.self_is_list:
+            for t, v in zip(target, result):
+                _store(self.op, t, v, resize=False)
+            return None
+        _store(self.op, target, result, resize=False)
+        return target
+
+
+class OutKernel:
+    """`op.out` from the functional `op`: compute, then resize and write the out tensors."""
+
+    def __init__(self, op, functional: Kernel):
+        self.op, self.functional = op, functional
+        sig = Signature.of(op)
+        self.out_names = [sig.names[i] for i in sig.written]
+
+    def __call__(self, *args, **kwargs):
+        outs = [kwargs.pop(n) for n in self.out_names]
+        result, _ = self.functional.compute(args, kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        for target, value in zip(outs, results):
+            if isinstance(target, (tuple, list)):
+                for t, v in zip(target, value):
+                    _store(self.op, t, v, resize=True)
+            else:
+                _store(self.op, target, value, resize=True)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _name(op) -> str:
+    return op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "." + op._overloadname)
+
+
+def _is_view(op) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
+def _composite_implicit(op) -> bool:
+    """Such ops decompose above autograd; a backend kernel would bypass their gradients."""
+    return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+
+
+def _variants(op):
+    """The in-place and out= overloads derived from functional overload `op`."""
+    base = op._schema.name.split("::")[1]
+    names = [a.name for a in op._schema.arguments]
+    inplace = getattr(getattr(aten, base + "_", None), op._overloadname, None) if hasattr(aten, base + "_") else None
+    outs = []
+    packet = getattr(aten, base)
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        sig = Signature.of(candidate)
+        if sig.written and all(sig.kwarg_only[i] for i in sig.written):
+            if [n for i, n in enumerate(sig.names) if i not in sig.written] == names:
+                outs.append(candidate)
+    return inplace, outs
+
+
+_REGISTERED: dict = {}
+_library = None
+
+
+def register(special: dict) -> None:
+    """Register table kernels, derived variants and `special` (overload -> kernel) on PrivateUse1."""
+    global _library
+    _library = torch.library.Library("aten", "IMPL")
+    kernels: dict = {}
+    for op, lowering in LOWERINGS.items():
+        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written:
+            continue  # views stay views (C++ metadata kernels); composites keep their autograd
+        functional = Kernel(lowering)
+        kernels[op] = functional
+        inplace, outs = _variants(op)
+        if inplace is not None and inplace not in LOWERINGS and not _composite_implicit(inplace):
+            kernels[inplace] = InplaceKernel(inplace, functional)
+        for out in outs:
+            if not _composite_implicit(out):
+                kernels[out] = OutKernel(out, functional)
+    for op, lowering in LOWERINGS.items():  # lowerings registered on in-place overloads return self's new value
+        if Signature.of(op).written and not _is_view(op) and op not in kernels:
+            kernels[op] = InplaceKernel(op, Kernel(lowering))
+    kernels.update(special)
+    for op, kernel in kernels.items():
+        _library.impl(_name(op), kernel, "PrivateUse1")
+    _REGISTERED.update(kernels)
+
+
+def registered_ops() -> list:
+    return sorted(_name(op) for op in _REGISTERED)

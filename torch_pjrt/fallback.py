@@ -1,0 +1,131 @@
+"""Ops the table lacks: torch's decomposition if it has one, else a loud CPU fallback.
+
+The CPU fallback copies pjrt arguments to the host, runs the CPU kernel, writes back
+every argument the op mutates and uploads the results. It is correct but slow, so it
+warns once per op, counts every use (`torch_pjrt.fallback_ops()`), and
+TORCH_PJRT_FALLBACK=error turns it into an error (=silent drops the warning).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+
+import torch
+from torch._decomp import decomposition_table
+
+from . import storage
+
+_counts: collections.Counter = collections.Counter()
+_decomposed: collections.Counter = collections.Counter()
+_decomposing: set = set()
+
+
+def mode() -> str:
+    value = os.environ.get("TORCH_PJRT_FALLBACK", "warn").lower()
+    if value not in ("warn", "error", "silent"):
+        raise ValueError(f"TORCH_PJRT_FALLBACK must be warn, error or silent, not {value!r}")
+    return value
+
+
+def fallback_ops() -> dict[str, int]:
+    """{op name: calls} of ops that ran on the CPU because the pjrt op table lacks them."""
+    return dict(_counts)
+
+
+def decomposed_ops() -> dict[str, int]:
+    """{op name: calls} of ops that ran as torch's decomposition into table ops."""
+    return dict(_decomposed)
+
+
+def _is_pjrt(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "pjrt"
+
+
+def run(op, *args, **kwargs):
+    """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
+    name = str(op)
+    decomposition = decomposition_table.get(op)
+    if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
+        _decomposed[name] += 1
+        _decomposing.add(op)
+        try:
+            return decomposition(*args, **kwargs)
+        finally:
+            _decomposing.discard(op)
+    how = mode()
+    devices = sorted({str(x.device) for x in _flat(args, kwargs) if isinstance(x, torch.Tensor)})
+    if how == "error":
+        raise NotImplementedError(
+            f"pjrt: {name} has no pjrt lowering (devices: {', '.join(devices)}) and TORCH_PJRT_FALLBACK=error "
+            f"forbids running it on the CPU"
+        )
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns):
+        raise NotImplementedError(f"pjrt: view op {name} has no pjrt kernel; a CPU copy would break aliasing")
+    if _counts[name] == 0 and how == "warn":
+        warnings.warn(
+            f"pjrt: {name} has no pjrt lowering and runs on the CPU (slow: copies to host and back). "
+            f"See torch_pjrt.fallback_ops(); TORCH_PJRT_FALLBACK=error makes this an error.",
+            stacklevel=2,
+        )
+    _counts[name] += 1
+    return _on_cpu(op, args, kwargs)
+
+
+def _flat(args, kwargs):
+    for x in list(args) + list(kwargs.values()):
+        if isinstance(x, (list, tuple)):
+            yield from x
+        else:
+            yield x
+
+
+def _written(op, args, kwargs, cpu_args, cpu_kwargs):
+    """(pjrt tensor, its CPU twin) for every argument the schema marks as written."""
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if i < len(args):
+            original, twin = args[i], cpu_args[i]
+        else:
+            original, twin = kwargs.get(arg.name), cpu_kwargs.get(arg.name)
+        pairs = zip(original, twin) if isinstance(original, (list, tuple)) else [(original, twin)]
+        yield from ((o, t) for o, t in pairs if _is_pjrt(o))
+
+
+def _on_cpu(op, args, kwargs):
+    device = next((x.get_device() for x in _flat(args, kwargs) if _is_pjrt(x)), None)
+    if device is None:  # a factory: the device argument says where
+        where = next((x for x in _flat(args, kwargs) if isinstance(x, torch.device) and x.type == "pjrt"), None)
+        device = where.index if where is not None and where.index is not None else torch.pjrt.current_device()
+    twins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(cpu twin) -> (pjrt original, cpu twin)
+
+    def to_cpu(x):
+        if _is_pjrt(x):
+            twin = storage.download(x).clone()  # resizable, for out= arguments
+            twins[id(twin)] = (x, twin)
+            return twin
+        if isinstance(x, (list, tuple)):
+            return type(x)(to_cpu(v) for v in x)
+        if isinstance(x, torch.device) and x.type == "pjrt":
+            return torch.device("cpu")
+        return x
+
+    cpu_args = [to_cpu(a) for a in args]
+    cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    result = op(*cpu_args, **cpu_kwargs)
+    for original, twin in _written(op, args, kwargs, cpu_args, cpu_kwargs):  # write back what the op mutated
+        if tuple(original.shape) != tuple(twin.shape):
+            original.resize_(twin.shape)
+        storage.write(original, storage.upload(twin, original.get_device()))
+
+    def to_device(r):
+        if isinstance(r, torch.Tensor):
+            if id(r) in twins:
+                return twins[id(r)][0]
+            return storage.wrap(storage.upload(r, device), device) if r.device.type == "cpu" else r
+        if isinstance(r, (list, tuple)):
+            return type(r)(to_device(v) for v in r)
+        return r
+
+    return to_device(result)

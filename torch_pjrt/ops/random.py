@@ -1,0 +1,118 @@
+"""Lowerings: random ops. Each receives `generator` as a traced 64-bit seed drawn from the
+torch generator (so torch.manual_seed reproduces runs) and derives a JAX key from it.
+Registered on the in-place overloads torch uses (normal_, uniform_, ...): they return
+self's new value."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+def key(seed) -> jax.Array:
+    return jax.random.key(seed.astype(jnp.uint32) ^ (seed >> 32).astype(jnp.uint32))
+
+
+def _float_dtype(x):
+    return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+
+
+@lowering(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    z = jax.random.normal(key(generator), self.shape, _float_dtype(self))
+    return (z * std + mean).astype(self.dtype)
+
+
+@lowering(aten.uniform_.default)
+def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    u = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
+    return (u * (to - from_) + from_).astype(self.dtype)
+
+
+@lowering(aten.bernoulli_.float)
+def bernoulli_(self, p=0.5, *, generator=None):
+    return jax.random.bernoulli(key(generator), p, self.shape).astype(self.dtype)
+
+
+@lowering(aten.bernoulli_.Tensor)
+def bernoulli_tensor_(self, p, *, generator=None):
+    draw = jax.random.uniform(key(generator), self.shape, jnp.float64 if p.dtype == jnp.float64 else jnp.float32)
+    return (draw < jnp.broadcast_to(p, self.shape)).astype(self.dtype)
+
+
+@lowering(aten.bernoulli.default)
+def bernoulli(self, *, generator=None):
+    draw = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
+    return (draw < self).astype(self.dtype)
+
+
+@lowering(aten.exponential_.default)
+def exponential_(self, lambd=1.0, *, generator=None):
+    return (jax.random.exponential(key(generator), self.shape, _float_dtype(self)) / lambd).astype(self.dtype)
+
+
+@lowering(aten.cauchy_.default)
+def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
+    return (jax.random.cauchy(key(generator), self.shape, _float_dtype(self)) * sigma + median).astype(self.dtype)
+
+
+@lowering(aten.log_normal_.default)
+def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
+    z = jax.random.normal(key(generator), self.shape, _float_dtype(self))
+    return jnp.exp(z * std + mean).astype(self.dtype)
+
+
+@lowering(aten.geometric_.default)
+def geometric_(self, p, *, generator=None):
+    u = jax.random.uniform(key(generator), self.shape, jnp.float64, minval=jnp.finfo(jnp.float64).tiny)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-p)).astype(self.dtype)
+
+
+def _random_ints(seed, shape, low, high, dtype):
+    """Integers uniform in [low, high) (float dtypes hold integers, as torch's random_ does)."""
+    bits = jax.random.bits(key(seed), shape, jnp.uint64)
+    span = (jnp.asarray(high, jnp.int64) - low).astype(jnp.uint64)
+    return (low + (bits % span).astype(jnp.int64)).astype(dtype)
+
+
+def _max_of(dtype) -> int:
+    if dtype == jnp.bool_:
+        return 2
+    if jnp.issubdtype(dtype, jnp.integer):
+        return int(jnp.iinfo(dtype).max) + 1
+    return 2 ** int(jnp.finfo(dtype).nmant + 1) + 1
+
+
+@lowering(getattr(aten.random_, "from"))
+def random_from_(self, from_, to, *, generator=None):
+    return _random_ints(generator, self.shape, from_, _max_of(self.dtype) if to is None else to, self.dtype)
+
+
+@lowering(aten.random_.to)
+def random_to_(self, to, *, generator=None):
+    return _random_ints(generator, self.shape, 0, to, self.dtype)
+
+
+@lowering(aten.random_.default)
+def random_(self, *, generator=None):
+    return _random_ints(generator, self.shape, 0, _max_of(self.dtype) if self.dtype != jnp.int64 else 2**63 - 1, self.dtype)
+
+
+@lowering(aten.randperm.generator)
+def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    from ..dtypes import to_jax
+
+    return jax.random.permutation(key(generator), n).astype(to_jax(dtype or torch.int64))
+
+
+@lowering(aten.native_dropout.default, random=True)
+def native_dropout(input, p, train, *, generator=None):
+    if not train or p == 0:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape)
+    scale = jnp.asarray(1.0 / (1.0 - p), input.dtype) if p < 1 else jnp.asarray(0.0, input.dtype)
+    return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep

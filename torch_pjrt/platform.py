@@ -1,0 +1,66 @@
+"""Layer 2: which PJRT platform and devices back "pjrt:0", "pjrt:1", ...
+
+TORCH_PJRT_PLATFORM picks the platform (cpu, gpu/cuda, rocm, tpu, neuron, ...; default:
+JAX's default backend). TORCH_PJRT_CPU_DEVICES=N gives N virtual CPU devices. JAX is
+configured here once, before its backends start: x64 on (int64 and float64 are real).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+if os.environ.get("TORCH_PJRT_CPU_DEVICES"):
+    jax.config.update("jax_num_cpu_devices", int(os.environ["TORCH_PJRT_CPU_DEVICES"]))
+if os.environ.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" and not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")  # don't start (and preallocate) an unused GPU
+
+
+@functools.lru_cache(None)
+def devices() -> tuple:
+    """The JAX devices behind pjrt:0..N-1."""
+    name = os.environ.get("TORCH_PJRT_PLATFORM", "").lower() or None
+    if name in ("gpu", "cuda", "rocm"):
+        name = "gpu"
+    try:
+        found = jax.devices(name)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"pjrt: platform '{name}' (TORCH_PJRT_PLATFORM) is not available to JAX: {e}. "
+            f"Install its PJRT plugin (for example jax[cuda13]) or choose another platform."
+        ) from None
+    return tuple(found)
+
+
+@functools.lru_cache(None)
+def device(index: int):
+    return devices()[index]
+
+
+def name() -> str:
+    return devices()[0].platform
+
+
+def memory_capacity(index: int) -> int:
+    """Bytes the device can hold: the runtime refuses larger allocations up front."""
+    stats = _jax_memory_stats(index)
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    # host platform: the machine's physical memory, shared by its virtual devices
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 0.9)
+
+
+def _jax_memory_stats(index: int) -> dict | None:
+    try:
+        return device(index).memory_stats()
+    except Exception:  # not every PJRT plugin reports memory
+        return None
+
+
+def synchronize(index: int = -1) -> None:
+    """Wait for every computation that produced a live array on the device (-1: all)."""
+    target = None if index < 0 else device(index)
+    ready = [a for a in jax.live_arrays() if target is None or target in a.devices()]
+    jax.block_until_ready(ready)

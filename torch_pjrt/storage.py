@@ -1,0 +1,222 @@
+"""Layer 3: storages hold one immutable JAX buffer; tensors are views of it.
+
+A pjrt tensor is (storage, size, stride, offset) as in any PyTorch backend. The storage's
+buffer lives in the C++ DataPtr context and covers the whole storage, row-major (its
+shape is whatever produced it; its dtype may differ from a tensor's after view(dtype)).
+
+* `read(t)` resolves the view: free when the tensor is exactly its buffer, otherwise one
+  jit-cached executable per geometry (slice/reshape/transpose/broadcast; a gather only
+  for overlapping views such as unfold with step < size).
+* `write(t, value)` is a functional update that swaps the storage's buffer, so every
+  view of the storage sees it. The old buffer is donated when the storage is its only
+  owner, which keeps in-place updates O(written bytes) where XLA allows.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import platform
+from ._runtime import load as _load_runtime
+from .dtypes import TORCH_TO_JAX, to_jax, to_torch
+
+_rt = _load_runtime()
+whole_buffer = _rt.whole_buffer  # tensor -> its buffer when it is exactly the buffer, else None
+
+
+def wrap(array: jax.Array, device: int) -> torch.Tensor:
+    """A new contiguous pjrt tensor on `device` that owns `array`."""
+    return _rt.wrap(array, array.shape, to_torch(array.dtype), device)
+
+
+# ---------------------------------------------------------------------------------
+# reads
+# ---------------------------------------------------------------------------------
+def read(t: torch.Tensor) -> jax.Array:
+    """The logical value of pjrt tensor `t` as a JAX array."""
+    buf = _rt.whole_buffer(t)
+    if buf is not None:
+        return buf
+    buf = _materialized_buffer(t)
+    return _reader(tuple(t.shape), tuple(t.stride()), t.storage_offset(), buf.shape, buf.dtype, to_jax(t.dtype))(buf)
+
+
+def _storage_elements(t: torch.Tensor) -> int:
+    return _rt.storage_nbytes(t) // t.element_size()
+
+
+def _materialized_buffer(t: torch.Tensor) -> jax.Array:
+    """The storage's buffer, created (zeros: fresh memory) or grown (after resize_) as needed."""
+    buf = _rt.buffer(t)
+    nbytes = _rt.storage_nbytes(t)
+    if buf is None:
+        dtype = to_jax(t.dtype)
+        buf = jnp.zeros((nbytes // dtype.itemsize,), dtype, device=platform.device(t.get_device()))
+        _rt.set_buffer(t, buf, buf.shape, t.dtype)
+    elif buf.size * buf.dtype.itemsize < nbytes:
+        grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype)(buf)
+        _rt.set_buffer(t, grown, grown.shape, to_torch(grown.dtype))
+        buf = grown
+    return buf
+
+
+@functools.lru_cache(256)
+def _grow(old: int, new: int, dtype):
+    return jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.zeros((new - old,), dtype)]))
+
+
+def _flat_as(buf: jax.Array, dtype) -> jax.Array:
+    """The buffer as a flat array of `dtype`, reinterpreting bytes (Tensor.view(dtype))."""
+    flat = buf.reshape(-1)
+    if flat.dtype == dtype:
+        return flat
+    src, dst = np.dtype(flat.dtype), np.dtype(dtype)
+    if src == np.bool_:
+        flat, src = flat.astype(jnp.uint8), np.dtype(np.uint8)
+    target = np.dtype(np.uint8) if dst == np.bool_ else dst
+    if src.itemsize < target.itemsize:
+        flat = flat.reshape(-1, target.itemsize // src.itemsize)
+    out = jax.lax.bitcast_convert_type(flat, target).reshape(-1)
+    return out.astype(jnp.bool_) if dst == np.bool_ else out
+
+
+def _memory_order(size, stride):
+    """Non-broadcast dims as (dim, size, stride), outermost first, or None if they overlap."""
+    dims = sorted(((d, n, s) for d, (n, s) in enumerate(zip(size, stride)) if n != 1 and s != 0), key=lambda x: -x[2])
+    for (_, _, s_outer), (_, n, s) in zip(dims, dims[1:]):
+        if s_outer < n * s:
+            return None
+    return dims
+
+
+@functools.lru_cache(4096)
+def _reader(size, stride, offset, buf_shape, buf_dtype, dtype):
+    """jit(buffer -> the view's value) for one geometry."""
+    dims = _memory_order(size, stride)
+
+    def read_view(buf):
+        flat = _flat_as(buf, dtype)
+        if dims is None:  # overlapping windows: gather
+            return flat[_element_indices(size, stride, offset)]
+        if not dims:
+            x = flat[offset]
+        else:
+            _, n0, s0 = dims[0]
+            end = offset + n0 * s0
+            if end > flat.shape[0]:  # the last row's padding runs past the buffer
+                flat = jnp.pad(flat, (0, end - flat.shape[0]))
+            x = flat[offset:end].reshape(n0, s0)
+            for _, n, s in dims[1:]:
+                x = x[..., : n * s].reshape(*x.shape[:-1], n, s)
+            x = x[..., 0]
+            logical = [d for d, _, _ in dims]
+            x = jnp.transpose(x, np.argsort(logical)) if logical != sorted(logical) else x
+        kept = {d for d, _, _ in dims}
+        x = x.reshape([size[d] if d in kept else 1 for d in range(len(size))])
+        return jnp.broadcast_to(x, size)
+
+    return jax.jit(read_view)
+
+
+def _is_contiguous(size, stride) -> bool:
+    expected = 1
+    for n, s in reversed(list(zip(size, stride))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _element_indices(size, stride, offset) -> np.ndarray:
+    idx = np.full(size, offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (np.arange(n, dtype=np.int64) * s).reshape(shape)
+    return idx
+
+
+# ---------------------------------------------------------------------------------
+# writes
+# ---------------------------------------------------------------------------------
+def write(t: torch.Tensor, value) -> None:
+    """Store `value` (broadcastable to t, any dtype: converted like copy_) into pjrt tensor t."""
+    dtype = to_jax(t.dtype)
+    shape = tuple(t.shape)
+    if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == _rt.storage_nbytes(t):
+        if not (isinstance(value, jax.Array) and value.shape == shape and value.dtype == dtype):
+            value = _converter(shape, dtype)(value)
+        _rt.set_buffer(t, value, shape, t.dtype)
+        return
+    buf = _materialized_buffer(t)
+    if buf.dtype != dtype:  # a view with another dtype: make the buffer that dtype first
+        flat = jax.jit(_flat_as, static_argnums=1)(buf, dtype)
+        _rt.set_buffer(t, flat, flat.shape, t.dtype)
+        buf = flat
+    # donate only if the storage is the buffer's sole owner (storage + `buf` + getrefcount's arg)
+    donate = sys.getrefcount(buf) <= 3
+    new = _writer(shape, tuple(t.stride()), t.storage_offset(), buf.shape, dtype, donate)(buf, value)
+    del buf
+    _rt.set_buffer(t, new, new.shape, t.dtype)
+
+
+@functools.lru_cache(1024)
+def _converter(shape, dtype):
+    return jax.jit(lambda v: jnp.broadcast_to(jnp.asarray(v).astype(dtype), shape))
+
+
+@functools.lru_cache(4096)
+def _writer(size, stride, offset, buf_shape, dtype, donate):
+    """jit(buffer, value -> new buffer) for one geometry."""
+    contiguous = _is_contiguous(size, stride)
+
+    def write_view(buf, value):
+        value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), size)
+        flat = buf.reshape(-1)
+        if contiguous:
+            flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+        else:  # strided: scatter to the view's element positions (last write wins, as on CPU)
+            flat = flat.at[_element_indices(size, stride, offset).reshape(-1)].set(value.reshape(-1))
+        return flat.reshape(buf_shape)
+
+    return jax.jit(write_view, donate_argnums=(0,) if donate else ())
+
+
+# ---------------------------------------------------------------------------------
+# host transfers
+# ---------------------------------------------------------------------------------
+# numpy lacks these dtypes; ml_dtypes provides them, same bits as torch.
+_VIA_BITS = {torch.bfloat16: torch.int16} | {dt: torch.uint8 for dt in TORCH_TO_JAX if "float8" in str(dt)}
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's values as a numpy array (no copy where possible)."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    bits = _VIA_BITS.get(t.dtype)
+    if bits is not None:
+        return t.view(bits).numpy().view(to_jax(t.dtype))
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    """A fresh, writable host tensor holding a copy of `a`."""
+    dtype = to_torch(a.dtype)
+    bits = _VIA_BITS.get(dtype)
+    if bits is not None:
+        return torch.from_numpy(np.array(a).view(to_jax(bits))).view(dtype)
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def upload(cpu: torch.Tensor, device: int) -> jax.Array:
+    """Copy a host tensor to pjrt:device (PJRT copies; the host tensor stays the user's)."""
+    return jax.device_put(to_numpy(cpu), platform.device(device))
+
+
+def download(t: torch.Tensor) -> torch.Tensor:
+    """A pjrt tensor's value as a new host tensor."""
+    return from_numpy(np.asarray(read(t)))

@@ -1,0 +1,92 @@
+"""Kernels that move data between devices or out of JAX: copies, .to(), clone, .item().
+
+They are not lowerings (a lowering is a pure function inside one device) and are
+registered on PrivateUse1 beside the table's kernels.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import torch
+
+from . import platform, storage
+from .dtypes import to_jax
+
+aten = torch.ops.aten
+
+
+def _is_pjrt(t: torch.Tensor) -> bool:
+    return t.device.type == "pjrt"
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """dst.copy_(src) where either side is on pjrt (host<->pjrt, pjrt:i<->pjrt:j)."""
+    if _is_pjrt(src) and _is_pjrt(dst):
+        value = storage.read(src)
+        if src.get_device() != dst.get_device():
+            value = jax.device_put(value, platform.device(dst.get_device()))
+        storage.write(dst, value)
+    elif _is_pjrt(dst):
+        if src.device.type != "cpu":
+            raise RuntimeError(f"copy_: cannot copy from {src.device} to {dst.device}; copy through cpu")
+        storage.write(dst, storage.upload(src, dst.get_device()))
+    else:
+        if dst.device.type != "cpu":
+            raise RuntimeError(f"copy_: cannot copy from {src.device} to {dst.device}; copy through cpu")
+        dst.copy_(storage.download(src))
+    return dst
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    dst.resize_(src.shape)
+    return copy_from(src, dst)
+
+
+def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """Tensor.to(): a new tensor, on another device and/or with another dtype."""
+    dtype = dtype or self.dtype
+    device = torch.device(device) if device is not None else self.device
+    if device.type == "pjrt":
+        index = device.index if device.index is not None else self.get_device()
+        value = storage.read(self)
+        if value.dtype != to_jax(dtype):
+            value = _convert(value, to_jax(dtype))
+        if index != self.get_device():
+            value = jax.device_put(value, platform.device(index))
+        return storage.wrap(value, index)
+    host = storage.download(self)
+    host = host.to(dtype=dtype)
+    if pin_memory:
+        host = host.pin_memory()
+    return host.to(device) if device.type != "cpu" else host
+
+
+def _convert(value, dtype):
+    return _converter(dtype)(value)
+
+
+@functools.lru_cache(None)
+def _converter(dtype):
+    return jax.jit(lambda v: v.astype(dtype))
+
+
+def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
+    """Buffers are immutable, so a clone shares its source's buffer until one is written."""
+    buf = storage.whole_buffer(self)
+    value = buf if buf is not None else storage.read(self)
+    return storage.wrap(value, self.get_device())
+
+
+def local_scalar_dense(self: torch.Tensor):
+    return storage.read(self).item()
+
+
+def kernels() -> dict:
+    return {
+        aten._copy_from.default: copy_from,
+        aten._copy_from_and_resize.default: copy_from_and_resize,
+        aten._to_copy.default: to_copy,
+        aten.clone.default: clone,
+        aten._local_scalar_dense.default: local_scalar_dense,
+    }
