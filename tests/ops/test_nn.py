@@ -363,3 +363,232 @@ def test_native_dropout_backward():
     mask = r(4, 5, seed=1) > 0
     check(aten.native_dropout_backward.default, g, mask, 2.0, **TOL)
     check(aten.native_dropout_backward.default, g.to(torch.bfloat16), mask, 1.25)
+
+
+# ------------------------------------------------------------- more loss functions
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_binary_cross_entropy(reduction):
+    x = torch.sigmoid(r(4, 5))
+    x[0, 0], x[0, 1] = 0.0, 1.0  # log clamped at -100
+    t = torch.rand(4, 5, generator=torch.Generator().manual_seed(3))
+    w = r(4, 5, seed=4).abs()
+    g = r(4, 5, seed=5) if reduction == 0 else torch.tensor(0.8)
+    for weight in (None, w):
+        check(aten.binary_cross_entropy.default, x, t, weight, reduction, **TOL)
+        check(aten.binary_cross_entropy_backward.default, g[1:] if g.ndim else g, x[1:], t[1:], None if weight is None else w[1:],
+              reduction, atol=1e-4, rtol=1e-4)
+    logits = r(4, 5) * 3
+    check(aten.binary_cross_entropy_with_logits.default, logits, t, w, r(5, seed=6).abs(), reduction, **TOL)
+    check(aten.binary_cross_entropy_with_logits.default, logits, t, None, None, reduction, **TOL)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_regression_losses(reduction):
+    x, t = r(4, 5) * 2, r(4, 5, seed=1) * 2
+    g = r(4, 5, seed=2) if reduction == 0 else torch.tensor(0.6)
+    for beta in (1.0, 0.5, 0.0):
+        check(aten.smooth_l1_loss.default, x, t, reduction, beta, **TOL)
+        check(aten.smooth_l1_loss_backward.default, g, x, t, reduction, beta, **TOL)
+    for delta in (1.0, 0.3):
+        check(aten.huber_loss.default, x, t, reduction, delta, **TOL)
+        check(aten.huber_loss_backward.default, g, x, t, reduction, delta, **TOL)
+    sign = torch.where(t > 0, 1.0, -1.0)
+    check(aten.soft_margin_loss.default, x, sign, reduction, **TOL)
+    check(aten.soft_margin_loss_backward.default, g, x, sign, reduction, **TOL)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss(reduction, p):
+    x = r(4, 6)
+    t = torch.tensor([0, 5, 2, 2])
+    w = r(6, seed=1).abs()
+    g = r(4, seed=2) if reduction == 0 else torch.tensor(1.1)
+    for weight in (None, w):
+        check(aten.multi_margin_loss.default, x, t, p, 0.7, weight, reduction, **TOL)
+        check(aten.multi_margin_loss_backward.default, g, x, t, p, 0.7, weight, reduction, **TOL)
+    check(aten.multi_margin_loss.default, x[0], t[1:2], p, 1, None, reduction, **TOL)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_multilabel_margin_loss(reduction):
+    x = r(3, 5)
+    t = torch.tensor([[3, 0, -1, 1, 1], [1, 2, 3, 4, 0], [-1, 2, 2, 2, 2]])
+    out, is_target = check(aten.multilabel_margin_loss_forward.default, x, t, reduction, **TOL)
+    g = r(3, seed=2) if reduction == 0 else torch.tensor(0.9)
+    check(aten.multilabel_margin_loss_backward.default, g, x, t, reduction, is_target, **TOL)
+    out, is_target = check(aten.multilabel_margin_loss_forward.default, x[0], t[0], reduction, **TOL)
+
+
+# ---------------------------------------------------------------- recurrent cells
+
+
+def _run(op, *args):
+    """An op that has no CPU kernel: run it on pjrt or through its lowering."""
+    from tests.ops.harness import device_available, run_lowering, run_pjrt
+
+    return run_pjrt(op, *args)[0] if device_available() else run_lowering(op, *args)
+
+
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_fused_lstm_cell(has_bias):
+    N, H = 3, 4
+    ig, hg = r(N, 4 * H).requires_grad_(), r(N, 4 * H, seed=1).requires_grad_()
+    cx = r(N, H, seed=2).requires_grad_()
+    ib = r(4 * H, seed=3).requires_grad_() if has_bias else None
+    hb = r(4 * H, seed=4).requires_grad_() if has_bias else None
+    gates = ig + hg + (ib + hb if has_bias else 0)
+    i, f, c, o = gates.chunk(4, 1)
+    cy = torch.sigmoid(f) * cx + torch.sigmoid(i) * torch.tanh(c)
+    hy = torch.sigmoid(o) * torch.tanh(cy)
+    d = lambda t: None if t is None else t.detach()  # noqa: E731
+    hy_, cy_, ws = _run(aten._thnn_fused_lstm_cell.default, d(ig), d(hg), d(cx), d(ib), d(hb))
+    torch.testing.assert_close(hy_, hy.detach(), **TOL)
+    torch.testing.assert_close(cy_, cy.detach(), **TOL)
+    ghy, gcy = r(N, H, seed=5), r(N, H, seed=6)
+    leaves = [ig, hg, cx] + ([ib, hb] if has_bias else [])
+    expected = torch.autograd.grad((hy, cy), leaves, (ghy, gcy), retain_graph=True)
+    got = _run(aten._thnn_fused_lstm_cell_backward.default, ghy, gcy, d(cx), cy_, ws, has_bias)
+    torch.testing.assert_close(got[0], expected[0], **TOL)
+    torch.testing.assert_close(got[1], expected[1], **TOL)
+    torch.testing.assert_close(got[2], expected[2], **TOL)
+    if has_bias:
+        torch.testing.assert_close(got[3], expected[3], **TOL)
+        torch.testing.assert_close(got[4], expected[4], **TOL)
+    else:
+        assert got[3] is None and got[4] is None
+    # only grad_hy (grad_cy undefined)
+    expected = torch.autograd.grad(hy, [ig, cx], ghy)
+    got = _run(aten._thnn_fused_lstm_cell_backward_impl.default, ghy, None, d(cx), cy_, ws, has_bias)
+    torch.testing.assert_close(got[0], expected[0], **TOL)
+    torch.testing.assert_close(got[1], expected[1], **TOL)
+
+
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_fused_gru_cell(has_bias):
+    N, H = 3, 4
+    ig, hg = r(N, 3 * H).requires_grad_(), r(N, 3 * H, seed=1).requires_grad_()
+    hx = r(N, H, seed=2).requires_grad_()
+    ib = r(3 * H, seed=3).requires_grad_() if has_bias else None
+    hb = r(3 * H, seed=4).requires_grad_() if has_bias else None
+    i_all = ig + ib if has_bias else ig
+    h_all = hg + hb if has_bias else hg
+    ir, iz, in_ = i_all.chunk(3, 1)
+    hr, hz, hn = h_all.chunk(3, 1)
+    rr, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+    n = torch.tanh(in_ + rr * hn)
+    hy = (1 - z) * n + z * hx
+    d = lambda t: None if t is None else t.detach()  # noqa: E731
+    hy_, ws = _run(aten._thnn_fused_gru_cell.default, d(ig), d(hg), d(hx), d(ib), d(hb))
+    torch.testing.assert_close(hy_, hy.detach(), **TOL)
+    ghy = r(N, H, seed=5)
+    leaves = [ig, hg, hx] + ([ib, hb] if has_bias else [])
+    expected = torch.autograd.grad(hy, leaves, ghy)
+    got = _run(aten._thnn_fused_gru_cell_backward.default, ghy, ws, has_bias)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **TOL)
+    if not has_bias:
+        assert got[3] is None and got[4] is None
+
+
+# ---------------------------------------------------------------------- upsampling
+
+
+@pytest.mark.parametrize("in_size,out_size,scales", [
+    ([5, 6], [10, 12], [None, None]),
+    ([5, 6], [7, 4], [None, None]),
+    ([5, 6], [8, 9], [1.7, 1.5]),
+    ([4, 4], [1, 3], [None, None]),
+])
+def test_upsample_2d(in_size, out_size, scales):
+    x = r(2, 3, *in_size)
+    for op, bwd in ((aten.upsample_nearest2d, aten.upsample_nearest2d_backward),
+                    (aten._upsample_nearest_exact2d, aten._upsample_nearest_exact2d_backward)):
+        y = check(op.default, x, out_size, *scales)
+        check(bwd.default, r(*y.shape, seed=1), out_size, list(x.shape), *scales, **TOL)
+    for align in (False, True):
+        sc = [None, None] if align else scales
+        for op, bwd in ((aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward),
+                        (aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward)):
+            y = check(op.default, x, out_size, align, *sc, **TOL)
+            check(bwd.default, r(*y.shape, seed=1), out_size, list(x.shape), align, *sc, **TOL)
+
+
+def test_upsample_1d_3d():
+    x1 = r(2, 3, 7)
+    check(aten.upsample_nearest1d.default, x1, [12], None)
+    check(aten.upsample_nearest1d_backward.default, r(2, 3, 12), [12], [2, 3, 7], None, **TOL)
+    check(aten._upsample_nearest_exact1d.default, x1, [5], None)
+    for align in (False, True):
+        check(aten.upsample_linear1d.default, x1, [12], align, None, **TOL)
+        check(aten.upsample_linear1d_backward.default, r(2, 3, 12), [12], [2, 3, 7], align, None, **TOL)
+    x3 = r(1, 2, 3, 4, 5)
+    check(aten.upsample_nearest3d.default, x3, [6, 5, 10], None, None, None)
+    check(aten.upsample_nearest3d_backward.default, r(1, 2, 6, 5, 10), [6, 5, 10], [1, 2, 3, 4, 5], None, None,
+          None, **TOL)
+    for align in (False, True):
+        check(aten.upsample_trilinear3d.default, x3, [6, 5, 10], align, None, None, None, **TOL)
+        check(aten.upsample_trilinear3d_backward.default, r(1, 2, 6, 5, 10), [6, 5, 10], [1, 2, 3, 4, 5], align,
+              None, None, None, **TOL)
+
+
+def test_upsample_interpolate_matches_cpu_bf16():
+    x = r(1, 2, 5, 5, dtype=torch.bfloat16)
+    check(aten.upsample_bilinear2d.default, x, [9, 11], False, None, None, **tol(torch.bfloat16))
+    check(aten.upsample_nearest2d.default, x, [9, 11], None, None)
+
+
+# ------------------------------------------------------------------ grid sampler
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler_2d(mode, padding, align):
+    x = r(2, 3, 5, 6)
+    grid = torch.rand(2, 4, 7, 2, generator=torch.Generator().manual_seed(1)) * 2.4 - 1.2
+    y = check(aten.grid_sampler_2d.default, x, grid, mode, padding, align, **TOL)
+    g = r(*y.shape, seed=3)
+    check(aten.grid_sampler_2d_backward.default, g, x, grid, mode, padding, align, [True, True],
+          atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------- im2col, col2im, pixel shuffle
+
+
+@pytest.mark.parametrize("k,d,p,s", [([2, 2], [1, 1], [0, 0], [1, 1]), ([3, 2], [2, 1], [1, 2], [2, 3])])
+def test_im2col_col2im(k, d, p, s):
+    x = r(2, 3, 8, 9)
+    cols = check(aten.im2col.default, x, k, d, p, s)
+    check(aten.col2im.default, cols, [8, 9], k, d, p, s, **TOL)
+    check(aten.im2col.default, x[0], k, d, p, s)
+    check(aten.col2im.default, cols[0], [8, 9], k, d, p, s, **TOL)
+
+
+def test_pixel_shuffle():
+    check(aten.pixel_shuffle.default, r(2, 18, 3, 4), 3)
+    check(aten.pixel_shuffle.default, r(2, 2, 8, 3, 4), 2)
+    check(aten.pixel_unshuffle.default, r(2, 2, 6, 4), 2)
+    check(aten.pixel_unshuffle.default, r(3, 6, 9), 3)
+
+
+# ------------------------------------------------------------------- distances
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, 0.5, float("inf")])
+def test_cdist_pdist(p):
+    x1, x2 = r(2, 5, 4), r(2, 6, 4, seed=1)
+    x2[0, 0] = x1[0, 0]  # a zero distance: gradient 0, not NaN
+    d = check(aten._cdist_forward.default, x1, x2, p, None, **TOL)
+    check(aten._cdist_backward.default, r(2, 5, 6, seed=2), x1, x2, p, d, atol=1e-4, rtol=1e-4)
+    x = r(6, 3)
+    pd = check(aten._pdist_forward.default, x, p, **TOL)
+    check(aten._pdist_backward.default, r(15, seed=3), x, p, pd, atol=1e-4, rtol=1e-4)
+
+
+def test_cdist_matmul_path():
+    x1, x2 = r(30, 4), r(27, 4, seed=1)
+    for mode in (None, 1, 2):
+        check(aten._cdist_forward.default, x1, x2, 2.0, mode, atol=1e-4, rtol=1e-4)

@@ -779,3 +779,633 @@ def adaptive_max_pool3d_backward(grad_output, self, indices):
 @lowering(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
     return (_up(grad_output) * mask.astype(_acc(grad_output.dtype)) * scale).astype(grad_output.dtype)
+
+
+# -------------------------------------------------------------- more loss functions
+
+
+@lowering(aten.binary_cross_entropy.default)
+def binary_cross_entropy(self, target, weight=None, reduction=1):
+    x, t = _up(self), _up(target)
+    # torch clamps each log at -100 so that 0 * log(0) stays finite
+    loss = -(t * jnp.maximum(jnp.log(x), -100.0) + (1 - t) * jnp.maximum(jnp.log1p(-x), -100.0))
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction).astype(self.dtype)
+
+
+@lowering(aten.binary_cross_entropy_backward.default)
+def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduction=1):
+    x, t = _up(self), _up(target)
+    g = _reduce_grad(_up(grad_output), x.shape, reduction)
+    grad = g * (x - t) / jnp.maximum((1 - x) * x, 1e-12)
+    if weight is not None:
+        grad = grad * _up(weight)
+    return grad.astype(self.dtype)
+
+
+@lowering(aten.binary_cross_entropy_with_logits.default)
+def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1):
+    x, t = _up(self), _up(target)
+    softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)  # -log(sigmoid(x))
+    if pos_weight is not None:
+        loss = (1 - t) * x + ((_up(pos_weight) - 1) * t + 1) * softplus_neg
+    else:
+        loss = (1 - t) * x + softplus_neg
+    if weight is not None:
+        loss = loss * _up(weight)
+    return _reduce(loss, reduction).astype(self.dtype)
+
+
+def _smooth_l1(d, beta):
+    ad = jnp.abs(d)
+    if beta == 0:
+        return ad
+    return jnp.where(ad < beta, 0.5 * d * d / beta, ad - 0.5 * beta)
+
+
+@lowering(aten.smooth_l1_loss.default)
+def smooth_l1_loss(self, target, reduction=1, beta=1.0):
+    compute, out = promote(self, target)
+    d = _up(self.astype(compute)) - _up(target.astype(compute))
+    return _reduce(_smooth_l1(d, beta), reduction).astype(out)
+
+
+@lowering(aten.smooth_l1_loss_backward.default)
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
+    compute, out = promote(grad_output, self, target)
+    d = _up(self.astype(compute)) - _up(target.astype(compute))
+    shape = jnp.broadcast_shapes(grad_output.shape, self.shape, target.shape)
+    g = _reduce_grad(_up(grad_output.astype(compute)), shape, reduction)
+    if beta == 0:
+        dd = jnp.sign(d)
+    else:
+        dd = jnp.where(d < -beta, -1.0, jnp.where(d > beta, 1.0, d / beta))
+    return (g * dd).astype(out)
+
+
+@lowering(aten.huber_loss.default)
+def huber_loss(self, target, reduction=1, delta=1.0):
+    d = _up(self) - _up(target)
+    ad = jnp.abs(d)
+    loss = jnp.where(ad < delta, 0.5 * d * d, delta * (ad - 0.5 * delta))
+    return _reduce(loss, reduction).astype(self.dtype)
+
+
+@lowering(aten.huber_loss_backward.default)
+def huber_loss_backward(grad_output, self, target, reduction, delta):
+    d = _up(self) - _up(target)
+    shape = jnp.broadcast_shapes(grad_output.shape, self.shape, target.shape)
+    g = _reduce_grad(_up(grad_output), shape, reduction)
+    dd = jnp.where(d < -delta, -delta, jnp.where(d > delta, delta, d))
+    return (g * dd).astype(self.dtype)
+
+
+@lowering(aten.soft_margin_loss.default)
+def soft_margin_loss(self, target, reduction=1):
+    x, t = _up(self), _up(target)
+    return _reduce(jnp.log1p(jnp.exp(-t * x)), reduction).astype(self.dtype)
+
+
+@lowering(aten.soft_margin_loss_backward.default)
+def soft_margin_loss_backward(grad_output, self, target, reduction):
+    x, t = _up(self), _up(target)
+    g = _reduce_grad(_up(grad_output), jnp.broadcast_shapes(x.shape, t.shape), reduction)
+    z = jnp.exp(-t * x)
+    return (g * -t * z / (1 + z)).astype(self.dtype)
+
+
+def _multi_margin_terms(self, target, p, margin, weight):
+    """Per-sample, per-class hinge terms z_ij = max(0, margin - x_iy + x_ij), j != y."""
+    x = _up(self)
+    x2 = x if x.ndim == 2 else x.reshape(1, -1)
+    t = target.reshape(-1).astype(I64)
+    C = x2.shape[1]
+    xy = jnp.take_along_axis(x2, t[:, None], axis=1)
+    not_y = lax.broadcasted_iota(I64, x2.shape, 1) != t[:, None]
+    z = jnp.where(not_y, jnp.maximum(cast(margin, x.dtype) - xy + x2, 0), jnp.zeros((), x.dtype))
+    w = _up(jnp.take(weight, t))[:, None] if weight is not None else None
+    return x2, t, C, z, not_y, w
+
+
+@lowering(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=1):
+    x2, t, C, z, _, w = _multi_margin_terms(self, target, p, margin, weight)
+    zp = jnp.where(cast(p, x2.dtype) == 1, z, z * z)
+    if w is not None:
+        zp = zp * w
+    loss = jnp.sum(zp, axis=1) / C
+    if self.ndim < 2 and reduction == 0:
+        loss = loss.reshape(target.shape)
+    return _reduce(loss, reduction).astype(self.dtype)
+
+
+@lowering(aten.multi_margin_loss_backward.default)
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+    x2, t, C, z, not_y, w = _multi_margin_terms(self, target, p, margin, weight)
+    dz = jnp.where(cast(p, x2.dtype) == 1, (z > 0).astype(x2.dtype), 2 * z) / C
+    if w is not None:
+        dz = dz * w
+    g = _up(grad_output)
+    g = _reduce_grad(g.reshape(-1) if g.ndim else g, (x2.shape[0],), reduction)[:, None]
+    dz = dz * g
+    grad = dz - jnp.where(not_y, jnp.zeros((), x2.dtype), jnp.sum(dz, axis=1, keepdims=True))
+    return grad.reshape(self.shape).astype(self.dtype)
+
+
+def _multilabel_terms(self, target):
+    x = _up(self)
+    x2 = x if x.ndim == 2 else x.reshape(1, -1)
+    t = target.reshape(x2.shape).astype(I64)
+    valid = jnp.cumprod(t >= 0, axis=1).astype(bool)  # targets up to the first -1
+    safe = jnp.where(valid, t, 0)
+    onehot = (safe[:, :, None] == lax.broadcasted_iota(I64, x2.shape, 1)[:, None, :]) & valid[:, :, None]
+    is_target = jnp.any(onehot, axis=1)
+    xj = jnp.take_along_axis(x2, safe, axis=1)
+    # hinge[n, k, i] for target k against non-target class i
+    hinge = jnp.maximum(1 - xj[:, :, None] + x2[:, None, :], 0)
+    live = valid[:, :, None] & ~is_target[:, None, :]
+    hinge = jnp.where(live, hinge, jnp.zeros((), x.dtype))
+    return x2, safe, valid, is_target, hinge, live
+
+
+@lowering(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+    x2, _, _, is_target, hinge, _ = _multilabel_terms(self, target)
+    loss = jnp.sum(hinge, axis=(1, 2)) / x2.shape[1]
+    if self.ndim < 2:
+        loss = loss.reshape(())
+    return _reduce(loss, reduction).astype(self.dtype), is_target.reshape(self.shape).astype(self.dtype)
+
+
+@lowering(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output, self, target, reduction, is_target):
+    x2, safe, valid, _, hinge, live = _multilabel_terms(self, target)
+    C = x2.shape[1]
+    active = ((hinge > 0) & live).astype(x2.dtype) / C
+    grad = jnp.sum(active, axis=1)  # + for each non-target class i
+    per_target = -jnp.sum(active, axis=2)  # - for each target k
+    grad = grad + jnp.sum(
+        jnp.where(safe[:, :, None] == lax.broadcasted_iota(I64, x2.shape, 1)[:, None, :],
+                  per_target[:, :, None], jnp.zeros((), x2.dtype)), axis=1)
+    g = _up(grad_output)
+    g = _reduce_grad(g.reshape(-1) if g.ndim else g, (x2.shape[0],), reduction)[:, None]
+    return (grad * g).reshape(self.shape).astype(self.dtype)
+
+
+# ---------------------------------------------------------------- recurrent cells
+# torch calls these fused cells for LSTM/GRU on non-CPU devices. The workspace layout is
+# ours (torch only hands it from forward to backward): LSTM [i, f, g, o] activated gates,
+# GRU [r, z, n, hx, hn] as in torch's CUDA kernels.
+
+
+@lowering(aten._thnn_fused_lstm_cell.default)
+def _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = _up(input_gates) + _up(hidden_gates)
+    if input_bias is not None:
+        gates = gates + _up(input_bias)
+    if hidden_bias is not None:
+        gates = gates + _up(hidden_bias)
+    i, f, g, o = jnp.split(gates, 4, axis=1)
+    i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+    cy = f * _up(cx) + i * g
+    hy = o * jnp.tanh(cy)
+    dt = input_gates.dtype
+    return hy.astype(dt), cy.astype(dt), jnp.concatenate([i, f, g, o], axis=1).astype(dt)
+
+
+def _lstm_cell_grads(grad_hy, grad_cy, cx, cy, workspace):
+    i, f, g, o = jnp.split(_up(workspace), 4, axis=1)
+    cy = _up(cy)
+    zero = jnp.zeros(cy.shape, cy.dtype)
+    ghy = _up(grad_hy) if grad_hy is not None else zero
+    gcy = _up(grad_cy) if grad_cy is not None else zero
+    tanh_cy = jnp.tanh(cy)
+    gc = gcy + ghy * o * (1 - tanh_cy * tanh_cy)
+    grad_gates = jnp.concatenate([
+        gc * g * i * (1 - i),
+        gc * _up(cx) * f * (1 - f),
+        gc * i * (1 - g * g),
+        ghy * tanh_cy * o * (1 - o),
+    ], axis=1)
+    return grad_gates, gc * f
+
+
+@lowering(aten._thnn_fused_lstm_cell_backward_impl.default)
+def _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    grad_gates, grad_cx = _lstm_cell_grads(grad_hy, grad_cy, cx, cy, workspace)
+    dt = workspace.dtype
+    grad_bias = jnp.sum(grad_gates, axis=0).astype(dt) if has_bias else None
+    return grad_gates.astype(dt), grad_cx.astype(dt), grad_bias
+
+
+@lowering(aten._thnn_fused_lstm_cell_backward.default)
+def _thnn_fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    grad_gates, grad_cx, grad_bias = _thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias)
+    return grad_gates, grad_gates, grad_cx, grad_bias, grad_bias
+
+
+@lowering(aten._thnn_fused_gru_cell.default)
+def _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    ig, hg = _up(input_gates), _up(hidden_gates)
+    if input_bias is not None:
+        ig = ig + _up(input_bias)
+    if hidden_bias is not None:
+        hg = hg + _up(hidden_bias)
+    ir, iz, in_ = jnp.split(ig, 3, axis=1)
+    hr, hz, hn = jnp.split(hg, 3, axis=1)
+    r = jax.nn.sigmoid(ir + hr)
+    z = jax.nn.sigmoid(iz + hz)
+    n = jnp.tanh(in_ + r * hn)
+    h = _up(hx)
+    hy = n + z * (h - n)
+    dt = input_gates.dtype
+    return hy.astype(dt), jnp.concatenate([r, z, n, h, hn], axis=1).astype(dt)
+
+
+@lowering(aten._thnn_fused_gru_cell_backward.default)
+def _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, h, hn = jnp.split(_up(workspace), 5, axis=1)
+    go = _up(grad_hy)
+    dn = go * (1 - z) * (1 - n * n)
+    dz = go * (h - n) * z * (1 - z)
+    dr = dn * hn * r * (1 - r)
+    dt = grad_hy.dtype
+    grad_input_gates = jnp.concatenate([dr, dz, dn], axis=1)
+    grad_hidden_gates = jnp.concatenate([dr, dz, dn * r], axis=1)
+    grad_hx = go * z
+    gib = jnp.sum(grad_input_gates, axis=0).astype(dt) if has_bias else None
+    ghb = jnp.sum(grad_hidden_gates, axis=0).astype(dt) if has_bias else None
+    return grad_input_gates.astype(dt), grad_hidden_gates.astype(dt), grad_hx.astype(dt), gib, ghb
+
+
+# ---------------------------------------------------------------------- upsampling
+# Each spatial axis is resampled by a static (out, in) matrix built with torch's index
+# rules (UpSample.h); the backward ops are the forward's vjp (the transposed matrices).
+
+
+def _scale_value(scale, n_in, n_out, ftype):
+    """torch's compute_scales_value: 1/scale when given, else in/out."""
+    if scale is not None and scale > 0:
+        return ftype(1.0 / scale)
+    return ftype(n_in) / ftype(n_out)
+
+
+def _nearest_matrix(n_in, n_out, scale, exact):
+    f32 = np.float32
+    s = _scale_value(scale, n_in, n_out, f32)
+    dst = np.arange(n_out).astype(f32)
+    src = np.floor((dst + f32(0.5)) * s if exact else dst * s).astype(np.int64)
+    src = np.minimum(src, n_in - 1)
+    if n_out == n_in:
+        src = np.arange(n_out)
+    return np.eye(n_in)[src]
+
+
+def _linear_matrix(n_in, n_out, align_corners, scale, ftype):
+    if align_corners:
+        s = ftype(n_in - 1) / ftype(n_out - 1) if n_out > 1 else ftype(0)
+    else:
+        s = _scale_value(scale, n_in, n_out, ftype)
+    dst = np.arange(n_out).astype(ftype)
+    src = s * dst if align_corners else np.maximum(s * (dst + ftype(0.5)) - ftype(0.5), ftype(0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    lam1 = np.clip(src - i0, 0, 1)
+    i1 = i0 + (i0 < n_in - 1)
+    m = np.zeros((n_out, n_in), np.float64)
+    np.add.at(m, (np.arange(n_out), i0), 1 - lam1)
+    np.add.at(m, (np.arange(n_out), i1), lam1)
+    return m
+
+
+def _cubic_matrix(n_in, n_out, align_corners, scale, ftype):
+    A = -0.75
+    if align_corners:
+        s = ftype(n_in - 1) / ftype(n_out - 1) if n_out > 1 else ftype(0)
+    else:
+        s = _scale_value(scale, n_in, n_out, ftype)
+    dst = np.arange(n_out).astype(ftype)
+    src = s * dst if align_corners else s * (dst + ftype(0.5)) - ftype(0.5)
+    i = np.floor(src).astype(np.int64)
+    t = (src - i).astype(np.float64)
+
+    def conv1(x):
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def conv2(x):
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
+
+    coeffs = [conv2(t + 1), conv1(t), conv1(1 - t), conv2(2 - t)]
+    m = np.zeros((n_out, n_in), np.float64)
+    for k, c in enumerate(coeffs):
+        np.add.at(m, (np.arange(n_out), np.clip(i - 1 + k, 0, n_in - 1)), c)
+    return m
+
+
+def _resample(x, matrices):
+    """Apply one (out, in) matrix per trailing spatial axis."""
+    nd = len(matrices)
+    lead = x.ndim - nd
+    acc = _acc(x.dtype)
+    y = x.astype(acc)
+    for a, m in enumerate(matrices):
+        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(m.T, acc), axes=([lead + a], [0]),
+                                       precision=lax.Precision.HIGHEST), -1, lead + a)
+    return y.astype(x.dtype)
+
+
+def _index_ftype(dtype):
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def _upsample_matrices(kind, in_sizes, out_sizes, scales, align_corners, dtype):
+    ft = _index_ftype(dtype)
+    if kind in ("nearest", "nearest_exact"):
+        return [_nearest_matrix(i, o, s, kind == "nearest_exact") for i, o, s in zip(in_sizes, out_sizes, scales)]
+    build = _linear_matrix if kind == "linear" else _cubic_matrix
+    return [build(i, o, align_corners, s, ft) for i, o, s in zip(in_sizes, out_sizes, scales)]
+
+
+def _upsample_nearest_gather(x, out_sizes, scales, exact):
+    """Nearest modes copy values: a gather per axis, exact for every dtype."""
+    nd = len(out_sizes)
+    lead = x.ndim - nd
+    for a, (o, s) in enumerate(zip(out_sizes, scales)):
+        idx = np.argmax(_nearest_matrix(x.shape[lead + a], o, s, exact), axis=1)
+        x = jnp.take(x, jnp.asarray(idx, I64), axis=lead + a)
+    return x
+
+
+def _register_upsample(op, bwd, kind, nd):
+    has_ac = kind in ("linear", "cubic")
+
+    def split(rest):
+        align = rest[0] if has_ac else None
+        scales = list(rest[1:] if has_ac else rest) + [None] * nd
+        return align, scales[:nd]
+
+    def forward(self, output_size, *rest):
+        align, scales = split(rest)
+        if kind in ("nearest", "nearest_exact"):
+            return _upsample_nearest_gather(self, tuple(output_size), scales, kind == "nearest_exact")
+        mats = _upsample_matrices(kind, self.shape[-nd:], output_size, scales, align, self.dtype)
+        return _resample(self, mats)
+
+    def backward(grad_output, output_size, input_size, *rest):
+        align, scales = split(rest)
+        mats = _upsample_matrices(kind, tuple(input_size)[-nd:], output_size, scales, align, grad_output.dtype)
+        zeros = jnp.zeros(tuple(input_size), grad_output.dtype)
+        _, vjp = jax.vjp(lambda x: _resample(x, mats), zeros)
+        return vjp(grad_output)[0]
+
+    forward.__name__ = op.__name__
+    backward.__name__ = bwd.__name__
+    lowering(op.default)(forward)
+    lowering(bwd.default)(backward)
+
+
+for _nd, _name in ((1, "1d"), (2, "2d"), (3, "3d")):
+    _register_upsample(getattr(aten, f"upsample_nearest{_name}"), getattr(aten, f"upsample_nearest{_name}_backward"),
+                       "nearest", _nd)
+    _register_upsample(getattr(aten, f"_upsample_nearest_exact{_name}"),
+                       getattr(aten, f"_upsample_nearest_exact{_name}_backward"), "nearest_exact", _nd)
+_register_upsample(aten.upsample_linear1d, aten.upsample_linear1d_backward, "linear", 1)
+_register_upsample(aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward, "linear", 2)
+_register_upsample(aten.upsample_trilinear3d, aten.upsample_trilinear3d_backward, "linear", 3)
+_register_upsample(aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward, "cubic", 2)
+
+
+# -------------------------------------------------------------------- grid sampler
+
+
+def _grid_unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    lo = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    c = jnp.abs(coord - lo)
+    extra = jnp.fmod(c, span)
+    flips = jnp.floor(c / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + lo, span - extra + lo)
+
+
+def _grid_source(coord, size, padding_mode, align_corners):
+    c = _grid_unnormalize(coord, size, align_corners)
+    if padding_mode == 1:  # border
+        c = jnp.clip(c, 0, size - 1)
+    elif padding_mode == 2:  # reflection
+        c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+        c = jnp.clip(c, 0, size - 1)
+    return c
+
+
+def _grid_sample_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    N, C, H, W = input.shape
+    acc = _acc(input.dtype)
+    x = input.astype(acc)
+    g = grid.astype(acc)
+    ix = _grid_source(g[..., 0], W, padding_mode, align_corners)
+    iy = _grid_source(g[..., 1], H, padding_mode, align_corners)
+
+    def tap(yy, xx):
+        """input[n, :, yy, xx] for integer maps (N, Ho, Wo), zero outside -> (N, C, Ho, Wo)."""
+        ok = (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+        yc = jnp.clip(yy, 0, H - 1).astype(I64)
+        xc = jnp.clip(xx, 0, W - 1).astype(I64)
+        v = jax.vmap(lambda img, a, b: img[:, a, b])(x, yc, xc)
+        return jnp.where(ok[:, None], v, jnp.zeros((), acc))
+
+    if interpolation_mode == 1:  # nearest, ties to even as nearbyint
+        return tap(jnp.round(iy), jnp.round(ix)).astype(input.dtype)
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    if interpolation_mode == 0:  # bilinear
+        tx, ty = ix - x0, iy - y0
+        out = (tap(y0, x0) * ((1 - tx) * (1 - ty))[:, None] + tap(y0, x0 + 1) * (tx * (1 - ty))[:, None]
+               + tap(y0 + 1, x0) * ((1 - tx) * ty)[:, None] + tap(y0 + 1, x0 + 1) * (tx * ty)[:, None])
+        return out.astype(input.dtype)
+    # bicubic: unclamped source coordinates, each tap padded by padding_mode
+    ix = _grid_unnormalize(g[..., 0], W, align_corners)
+    iy = _grid_unnormalize(g[..., 1], H, align_corners)
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    tx, ty = ix - x0, iy - y0
+    A = -0.75
+
+    def coeffs(t):
+        c1 = lambda v: ((A + 2) * v - (A + 3)) * v * v + 1  # noqa: E731
+        c2 = lambda v: ((A * v - 5 * A) * v + 8 * A) * v - 4 * A  # noqa: E731
+        return [c2(t + 1), c1(t), c1(1 - t), c2(2 - t)]
+
+    def padded(yy, xx):
+        if padding_mode == 0:
+            return tap(yy, xx)
+        yy = _grid_pad_index(yy, H, padding_mode, align_corners)
+        xx = _grid_pad_index(xx, W, padding_mode, align_corners)
+        return tap(yy, xx)
+
+    cx, cy = coeffs(tx), coeffs(ty)
+    out = 0
+    for j in range(4):
+        row = 0
+        for i in range(4):
+            row = row + padded(y0 - 1 + j, x0 - 1 + i) * cx[i][:, None]
+        out = out + row * cy[j][:, None]
+    return out.astype(input.dtype)
+
+
+def _grid_pad_index(c, size, padding_mode, align_corners):
+    if padding_mode == 1:
+        return jnp.clip(c, 0, size - 1)
+    c = _reflect(c, 0, 2 * (size - 1)) if align_corners else _reflect(c, -1, 2 * size - 1)
+    return jnp.clip(c, 0, size - 1)
+
+
+@lowering(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample_2d(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowering(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(lambda x, g: _grid_sample_2d(x, g, interpolation_mode, padding_mode, align_corners), input, grid)
+    gi, gg = vjp(grad_output.astype(input.dtype))
+    if interpolation_mode == 1:
+        gg = jnp.zeros_like(grid)  # torch: nearest sampling has no grid gradient
+    return (gi if output_mask[0] else None), (gg if output_mask[1] else None)
+
+
+# -------------------------------------------------------------- im2col / col2im, pixel shuffle
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    unbatched = x.ndim == 3
+    if unbatched:
+        x = x[None]
+    N, C, H, W = x.shape
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    oh = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = [lax.slice(xp, (0, 0, i * dh, j * dw), (N, C, i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1),
+                      (1, 1, sh, sw)) for i in range(kh) for j in range(kw)]
+    out = jnp.stack(cols, axis=2).reshape(N, C * kh * kw, oh * ow)
+    return out[0] if unbatched else out
+
+
+@lowering(aten.im2col.default)
+def im2col(self, kernel_size, dilation, padding, stride):
+    return _im2col(self, kernel_size, dilation, padding, stride)
+
+
+@lowering(aten.col2im.default)
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    # col2im is the adjoint of im2col: overlapping patches sum
+    unbatched = self.ndim == 2
+    x = self[None] if unbatched else self
+    C = x.shape[1] // (kernel_size[0] * kernel_size[1])
+    zeros = jnp.zeros((x.shape[0], C) + tuple(output_size), self.dtype)
+    _, vjp = jax.vjp(lambda z: _im2col(z, kernel_size, dilation, padding, stride), zeros)
+    out = vjp(x)[0]
+    return out[0] if unbatched else out
+
+
+@lowering(aten.pixel_shuffle.default)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = self.shape
+    x = self.reshape(tuple(lead) + (c // (r * r), r, r, h, w))
+    n = len(lead)
+    x = jnp.transpose(x, tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return x.reshape(tuple(lead) + (c // (r * r), h * r, w * r))
+
+
+@lowering(aten.pixel_unshuffle.default)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = self.shape
+    n = len(lead)
+    x = self.reshape(tuple(lead) + (c, h // r, r, w // r, r))
+    x = jnp.transpose(x, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return x.reshape(tuple(lead) + (c * r * r, h // r, w // r))
+
+
+# -------------------------------------------------------------------- distances
+
+
+def _pairwise_norm(diff, p):
+    a = jnp.abs(diff)
+    if p == 0:
+        return jnp.sum((a != 0).astype(a.dtype), axis=-1)
+    if p == 1:
+        return jnp.sum(a, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=-1))
+    if math.isinf(p):
+        return jnp.max(a, axis=-1)
+    return jnp.sum(a ** p, axis=-1) ** (1.0 / p)
+
+
+@lowering(aten._cdist_forward.default)
+def _cdist_forward(x1, x2, p, compute_mode):
+    x1u, x2u = _up(x1), _up(x2)
+    P, R = x1.shape[-2], x2.shape[-2]
+    # torch's choice of the matmul form for p == 2 (compute_mode None/0: when P or R > 25)
+    use_mm = p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (P > 25 or R > 25)))
+    if use_mm:
+        n1 = jnp.sum(x1u * x1u, axis=-1, keepdims=True)
+        n2 = jnp.sum(x2u * x2u, axis=-1, keepdims=True)
+        prod = jnp.matmul(x1u, jnp.swapaxes(x2u, -1, -2), precision=lax.Precision.HIGHEST)
+        d2 = n1 - 2 * prod + jnp.swapaxes(n2, -1, -2)
+        return jnp.sqrt(jnp.maximum(d2, 0)).astype(x1.dtype)
+    diff = x1u[..., :, None, :] - x2u[..., None, :, :]
+    return _pairwise_norm(diff, p).astype(x1.dtype)
+
+
+def _cdist_grad(grad, x1, x2, p, dist):
+    """d/dx1 of sum(grad * cdist(x1, x2)), written out so that zero distances give 0, not NaN."""
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    g = grad[..., None]
+    d = dist[..., None]
+    if p == 0:
+        return jnp.zeros_like(x1)
+    if p == 1:
+        term = jnp.sign(diff)
+    elif p == 2:
+        term = jnp.where(d == 0, 0, diff / jnp.where(d == 0, 1, d))
+    elif math.isinf(p):
+        term = jnp.sign(diff) * (jnp.abs(diff) == d)
+    else:
+        term = jnp.where(d == 0, 0, jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / jnp.where(d == 0, 1, d) ** (p - 1))
+    return jnp.sum(g * term, axis=-2)
+
+
+@lowering(aten._cdist_backward.default)
+def _cdist_backward(grad, x1, x2, p, cdist):
+    return _cdist_grad(_up(grad), _up(x1), _up(x2), p, _up(cdist)).astype(x1.dtype)
+
+
+def _triu_pairs(n):
+    i, j = np.triu_indices(n, k=1)
+    return i.astype(np.int64), j.astype(np.int64)
+
+
+@lowering(aten._pdist_forward.default)
+def _pdist_forward(self, p=2.0):
+    i, j = _triu_pairs(self.shape[0])
+    x = _up(self)
+    return _pairwise_norm(x[i] - x[j], p).astype(self.dtype)
+
+
+@lowering(aten._pdist_backward.default)
+def _pdist_backward(grad, self, p, pdist):
+    n = self.shape[0]
+    i, j = _triu_pairs(n)
+    g = jnp.zeros((n, n), _acc(grad.dtype)).at[i, j].set(_up(grad)).at[j, i].set(_up(grad))
+    d = jnp.zeros((n, n), _acc(grad.dtype)).at[i, j].set(_up(pdist)).at[j, i].set(_up(pdist))
+    x = _up(self)
+    return _cdist_grad(g, x, x, p, d).astype(self.dtype)
