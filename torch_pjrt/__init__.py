@@ -31,9 +31,9 @@ def _setup() -> None:
     device_module.default_generators = tuple(rt.default_generator(i) for i in range(len(devices)))
     torch._register_device_module("pjrt", device_module)
 
-    from . import eager, fallback, ops, transfer  # noqa: F401  (ops: registers the lowerings)
+    from . import eager, fallback, ops, transfer, view_kernels  # noqa: F401  (ops: registers the lowerings)
 
-    eager.register(transfer.kernels())
+    eager.register(transfer.kernels() | view_kernels.kernels())
     global _fallback_library
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")

@@ -12,7 +12,6 @@ import os
 import warnings
 
 import torch
-from torch._decomp import decomposition_table
 
 from . import storage
 
@@ -45,6 +44,8 @@ def _is_pjrt(x) -> bool:
 def run(op, *args, **kwargs):
     """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
     name = str(op)
+    from torch._decomp import decomposition_table  # imported on first use: it costs 0.3 s
+
     decomposition = decomposition_table.get(op)
     if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
         _decomposed[name] += 1

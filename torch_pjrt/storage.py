@@ -73,9 +73,16 @@ def _grow(old: int, new: int, dtype):
 def _flat_as(buf: jax.Array, dtype) -> jax.Array:
     """The buffer as a flat array of `dtype`, reinterpreting bytes (Tensor.view(dtype))."""
     flat = buf.reshape(-1)
-    if flat.dtype == dtype:
-        return flat
     src, dst = np.dtype(flat.dtype), np.dtype(dtype)
+    if src == dst:
+        return flat
+    if src.kind == "c":  # complex -> its (real, imag) float pairs first
+        flat, src = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1), np.dtype(f"f{src.itemsize // 2}")
+        if src == dst:
+            return flat
+    if dst.kind == "c":
+        parts = _flat_as(flat, np.dtype(f"f{dst.itemsize // 2}")).reshape(-1, 2)
+        return jax.lax.complex(parts[:, 0], parts[:, 1])
     if src == np.bool_:
         flat, src = flat.astype(jnp.uint8), np.dtype(np.uint8)
     target = np.dtype(np.uint8) if dst == np.bool_ else dst
@@ -212,9 +219,14 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
-def upload(cpu: torch.Tensor, device: int) -> jax.Array:
-    """Copy a host tensor to pjrt:device (PJRT copies; the host tensor stays the user's)."""
-    return jax.device_put(to_numpy(cpu), platform.device(device))
+def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Array:
+    """Copy a host tensor to pjrt:device; the host tensor stays the user's to change."""
+    host = to_numpy(cpu)
+    target = platform.device(device)
+    if target.platform == "cpu":  # the CPU client aliases numpy memory instead of copying
+        return jax.device_put(np.array(host), target)
+    array = jax.device_put(host, target)
+    return array if non_blocking else array.block_until_ready()
 
 
 def download(t: torch.Tensor) -> torch.Tensor:

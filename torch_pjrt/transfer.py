@@ -30,7 +30,7 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     elif _is_pjrt(dst):
         if src.device.type != "cpu":
             raise RuntimeError(f"copy_: cannot copy from {src.device} to {dst.device}; copy through cpu")
-        storage.write(dst, storage.upload(src, dst.get_device()))
+        storage.write(dst, storage.upload(src, dst.get_device(), non_blocking))
     else:
         if dst.device.type != "cpu":
             raise RuntimeError(f"copy_: cannot copy from {src.device} to {dst.device}; copy through cpu")
@@ -48,12 +48,15 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     dtype = dtype or self.dtype
     device = torch.device(device) if device is not None else self.device
     if device.type == "pjrt":
-        index = device.index if device.index is not None else self.get_device()
-        value = storage.read(self)
+        index = device.index if device.index is not None else torch.pjrt.current_device()
+        if _is_pjrt(self):
+            value = storage.read(self)
+            if index != self.get_device():
+                value = jax.device_put(value, platform.device(index))
+        else:  # host -> pjrt (the dispatcher routes by the target device too)
+            value = storage.upload(self.cpu(), index, non_blocking)
         if value.dtype != to_jax(dtype):
             value = _convert(value, to_jax(dtype))
-        if index != self.get_device():
-            value = jax.device_put(value, platform.device(index))
         return storage.wrap(value, index)
     host = storage.download(self)
     host = host.to(dtype=dtype)

@@ -1,0 +1,17 @@
+"""Tests run on the CPU PJRT platform with two virtual devices (pjrt:0, pjrt:1)."""
+import os
+
+os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
+os.environ.setdefault("TORCH_PJRT_CPU_DEVICES", "2")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402  (autoloads torch_pjrt)
+
+import torch_pjrt  # noqa: E402,F401  (explicit, in case autoload is off)
+
+
+@pytest.fixture(autouse=True)
+def _reset_current_device():
+    torch.pjrt.set_device(0)
+    yield
+    torch.pjrt.set_device(0)

@@ -1,0 +1,253 @@
+"""Layer 3: factories, copies, printing and every view op, with writes through views."""
+import numpy as np
+import pytest
+import torch
+
+DEV = "pjrt"
+
+
+def same(actual, expected):
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("factory", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(4, dtype=torch.int32, device=d),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.arange(10, device=d),
+    lambda d: torch.arange(1.0, 4.0, 0.5, device=d),
+    lambda d: torch.linspace(0, 1, 5, device=d),
+    lambda d: torch.eye(3, device=d),
+    lambda d: torch.eye(2, 4, dtype=torch.int64, device=d),
+    lambda d: torch.zeros_like(torch.ones(3, device=d)),
+    lambda d: torch.ones_like(torch.ones(3, dtype=torch.bool, device=d)),
+    lambda d: torch.full_like(torch.ones(2, device=d), 3),
+    lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
+])
+def test_factories_match_cpu(factory):
+    out = factory(DEV)
+    assert out.device.type == "pjrt"
+    same(out, factory("cpu"))
+
+
+def test_empty_and_empty_like_have_shape_dtype_device():
+    e = torch.empty(3, 4, dtype=torch.float16, device=DEV)
+    assert e.shape == (3, 4) and e.dtype == torch.float16 and e.device == torch.device("pjrt:0")
+    like = torch.empty_like(e)
+    assert like.shape == e.shape and like.dtype == e.dtype and like.device == e.device
+    s = torch.empty_strided((2, 3), (1, 2), device=DEV)
+    assert s.stride() == (1, 2)
+
+
+def test_random_factories_are_seeded_and_in_range():
+    torch.manual_seed(0)
+    a = torch.randn(1000, device=DEV)
+    b = torch.rand(1000, device=DEV)
+    c = torch.randint(3, 9, (1000,), device=DEV)
+    torch.manual_seed(0)
+    same(torch.randn(1000, device=DEV), a.cpu())
+    assert abs(a.mean().item()) < 0.15 and 0.85 < a.std().item() < 1.15
+    assert 0 <= b.min().item() and b.max().item() < 1
+    assert c.dtype == torch.int64 and c.min().item() >= 3 and c.max().item() <= 8
+    assert set(c.cpu().tolist()) == set(range(3, 9))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.complex64, torch.complex128])
+def test_round_trip_every_dtype(dtype):
+    cpu = (torch.arange(-6, 6).reshape(3, 4) * 3).to(dtype) if not dtype.is_complex else \
+        torch.complex(torch.arange(12.0), -torch.arange(12.0)).reshape(3, 4).to(dtype)
+    dev = cpu.to(DEV)
+    assert dev.dtype == dtype and dev.device.type == "pjrt"
+    same(dev, cpu)
+    same(dev.t().contiguous(), cpu.t().contiguous())
+
+
+def test_float8_round_trip():
+    cpu = torch.tensor([0.5, -2.0, 3.0]).to(torch.float8_e4m3fn)
+    back = cpu.to(DEV).cpu()
+    assert back.dtype == torch.float8_e4m3fn
+    assert torch.equal(back.view(torch.uint8), cpu.view(torch.uint8))
+
+
+def test_copies_in_every_direction():
+    cpu = torch.arange(12.0).reshape(3, 4)
+    d0 = cpu.to(DEV)
+    same(d0, cpu)
+    d1 = d0.to("pjrt:1")
+    assert d1.device == torch.device("pjrt:1")
+    same(d1, cpu)
+    back = d1.to("pjrt:0")
+    assert back.device == torch.device("pjrt:0")
+    same(back, cpu)
+    dst = torch.empty(3, 4, device=DEV)
+    dst.copy_(cpu)
+    same(dst, cpu)
+    host = torch.empty(3, 4)
+    host.copy_(d1)
+    assert torch.equal(host, cpu)
+    nb = cpu.pin_memory().to(DEV, non_blocking=True)
+    same(nb, cpu)
+    cast = cpu.to(DEV, dtype=torch.float64)
+    assert cast.dtype == torch.float64
+    same(cast, cpu.double())
+    strided_src = cpu.t()
+    same(strided_src.to(DEV), strided_src.contiguous())
+    dst2 = torch.zeros(4, 3, device=DEV)
+    dst2.copy_(strided_src)
+    same(dst2, strided_src.contiguous())
+    dst3 = torch.zeros(2, 3, 4, device=DEV)
+    dst3.copy_(cpu)  # broadcasting copy
+    same(dst3, cpu.expand(2, 3, 4))
+
+
+def test_copy_to_cpu_is_independent_of_device_tensor():
+    d = torch.ones(3, device=DEV)
+    host = d.cpu()
+    host[0] = 5
+    same(d, torch.ones(3))
+    src = torch.ones(3)
+    d2 = src.to(DEV)
+    src[0] = 9
+    same(d2, torch.ones(3))
+
+
+def test_item_and_print():
+    t = torch.tensor([1.5, 2.5], device=DEV)
+    assert t[1].item() == 2.5
+    assert torch.tensor(3, device=DEV).item() == 3
+    text = repr(t)
+    assert "device='pjrt:0'" in text and "1.5000" in text
+    assert "pjrt:1" in repr(torch.ones(2, device="pjrt:1"))
+
+
+VIEWS = {
+    "view": lambda t: t.view(4, 6),
+    "reshape": lambda t: t.reshape(2, 12),
+    "t": lambda t: t.t(),
+    "transpose": lambda t: t.transpose(0, 1),
+    "permute": lambda t: t.view(2, 3, 4).permute(2, 0, 1),
+    "narrow": lambda t: t.narrow(1, 1, 3),
+    "select": lambda t: t.select(0, 3),
+    "slice_step": lambda t: t[1::2, ::3],
+    "slice_neg": lambda t: t[-3:, 1:-1],
+    "diagonal": lambda t: t.diagonal(),
+    "diagonal_offset": lambda t: t.diagonal(offset=1),
+    "unsqueeze": lambda t: t.unsqueeze(1),
+    "squeeze": lambda t: t.view(1, 6, 1, 4).squeeze(),
+    "as_strided": lambda t: t.as_strided((3, 3), (7, 1), 2),
+    "unflatten": lambda t: t.unflatten(0, (2, 3)),
+    "flatten": lambda t: t.flatten(),
+    "movedim": lambda t: t.view(2, 3, 4).movedim(0, -1),
+    "swapaxes": lambda t: t.swapaxes(0, 1),
+    "split": lambda t: t.split(2)[1],
+    "chunk": lambda t: t.chunk(2, dim=1)[1],
+    "unbind": lambda t: t.unbind(1)[3],
+    "real_of_complex_view": lambda t: t.view(torch.complex64).real if t.dtype == torch.float32 else t,
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_view_reads_and_writes_through(name):
+    make = VIEWS[name]
+    base_cpu = torch.arange(24.0).reshape(6, 4)
+    base_dev = base_cpu.to(DEV)
+    view_cpu, view_dev = make(base_cpu), make(base_dev)
+    assert view_dev._base is base_dev or view_dev.data_ptr() != 0
+    same(view_dev, view_cpu)
+    assert view_dev.shape == view_cpu.shape and view_dev.stride() == view_cpu.stride()
+    view_cpu.mul_(-2).add_(1)
+    view_dev.mul_(-2).add_(1)
+    same(base_dev, base_cpu)
+    same(view_dev, view_cpu)
+
+
+def test_expand_and_unfold_read():
+    cpu = torch.arange(5.0)
+    dev = cpu.to(DEV)
+    same(dev.expand(3, 5), cpu.expand(3, 5))
+    same(dev.unsqueeze(1).expand(5, 4), cpu.unsqueeze(1).expand(5, 4))
+    same(dev.unfold(0, 3, 1), cpu.unfold(0, 3, 1))  # overlapping windows
+    same(dev.unfold(0, 2, 2), cpu.unfold(0, 2, 2))
+
+
+def test_view_dtype_and_complex_views():
+    cpu = torch.arange(8.0)
+    dev = cpu.to(DEV)
+    same(dev.view(torch.int32), cpu.view(torch.int32))
+    same(dev.view(torch.complex64), cpu.view(torch.complex64))
+    same(torch.view_as_complex(dev.view(4, 2)), torch.view_as_complex(cpu.view(4, 2)))
+    c_cpu = torch.view_as_complex(cpu.view(4, 2).clone())
+    c_dev = c_cpu.to(DEV)
+    same(torch.view_as_real(c_dev), torch.view_as_real(c_cpu))
+    r_cpu, r_dev = torch.view_as_real(c_cpu), torch.view_as_real(c_dev)
+    r_cpu[:, 1].fill_(9)
+    r_dev[:, 1].fill_(9)
+    same(c_dev, c_cpu)
+    b_cpu = cpu.clone().view(torch.uint8)
+    b_dev = dev.clone().view(torch.uint8)
+    same(b_dev, b_cpu)
+
+
+def test_write_through_one_view_is_seen_by_every_other_view():
+    base = torch.zeros(4, 4, device=DEV)
+    row, col, diag, flat = base[1], base[:, 2], base.diagonal(), base.view(-1)
+    row.fill_(1)
+    col.add_(10)
+    diag.mul_(3)
+    flat[15] = -1
+    ref = torch.zeros(4, 4)
+    ref[1].fill_(1)
+    ref[:, 2].add_(10)
+    ref.diagonal().mul_(3)
+    ref.view(-1)[15] = -1
+    for dev_view, cpu_view in [(base, ref), (row, ref[1]), (col, ref[:, 2]), (diag, ref.diagonal()),
+                               (flat, ref.view(-1))]:
+        same(dev_view, cpu_view)
+
+
+def test_setitem_patterns():
+    cpu = torch.arange(12.0).reshape(3, 4)
+    dev = cpu.to(DEV)
+    for target in (cpu, dev):
+        target[:, 1:3] = torch.tensor([[100.0, 101.0]] * 3).to(target.device)
+        target.view(-1)[5] = -7.0
+        target[0] = 3.0
+        target[..., -1] += 1
+    same(dev, cpu)
+
+
+def test_in_place_on_sole_owner_donates_and_stays_correct():
+    big = torch.zeros(1000, 1000, device=DEV)
+    for i in range(5):
+        big[i].add_(1)
+    ref = torch.zeros(1000, 1000)
+    ref[:5] += 1
+    same(big, ref)
+
+
+def test_clone_is_independent():
+    a = torch.arange(4.0, device=DEV)
+    b = a.clone()
+    b.add_(1)
+    same(a, torch.arange(4.0))
+    same(b, torch.arange(4.0) + 1)
+
+
+def test_resize_and_set():
+    t = torch.arange(4.0, device=DEV)
+    t.resize_(2, 3)
+    assert t.shape == (2, 3)
+    same(t.view(-1)[:4], torch.arange(4.0))
+    u = torch.empty(0, device=DEV)
+    u.set_(t.untyped_storage(), 1, (2,), (1,))
+    same(u, torch.tensor([1.0, 2.0]))
+    u.fill_(-1)
+    same(t.view(-1)[:4], torch.tensor([0.0, -1, -1, 3]))
+
+
+def test_numpy_raises_type_error_like_cuda():
+    with pytest.raises(TypeError, match="can't convert pjrt:0 device type tensor to numpy"):
+        torch.ones(2, device=DEV).numpy()
+    np.testing.assert_array_equal(torch.ones(2, device=DEV).cpu().numpy(), np.ones(2, np.float32))
