@@ -1,0 +1,101 @@
+"""The `torch-pjrt` command line.
+
+Each subcommand is one registration function in SUBCOMMANDS: it adds its parser and sets
+`run`, a function of the parsed arguments that returns the exit code. Heavy modules (torch,
+jax, rich) are imported inside `run`, so `torch-pjrt --help` stays instant. To add a
+subcommand, write one `_add_<name>(subparsers)` function and append it to SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+def _add_audit(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "audit", help="inventory what binds a Python project to CUDA",
+        description="Scan Python files, notebooks, requirements and setup files for CUDA "
+                    "lock-in; classify each finding and estimate the effort to move off CUDA.")
+    parser.add_argument("path", nargs="?", default=".", help="project directory or file")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the report as JSON")
+    output.add_argument("--markdown", action="store_true",
+                        help="print a Markdown report with a per-category effort estimate")
+    output.add_argument("--fix", action="store_true",
+                        help="print a unified diff moving device strings and torch.cuda "
+                             "calls with equivalents to torch.accelerator")
+    output.add_argument("--write", action="store_true",
+                        help="apply the --fix rewrite to the files in place")
+    parser.add_argument("--fail-on", choices=["automatic", "simple-edit", "needs-port",
+                                              "no-equivalent"],
+                        help="exit 1 if any finding is at least this severe")
+    parser.set_defaults(run=_run_audit)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from torch_pjrt.tools import audit, audit_fix
+    from torch_pjrt.tools.audit_rules import Severity
+
+    report = audit.audit(args.path)
+    if args.json:
+        print(json.dumps(audit.to_json(report), indent=2))
+    elif args.markdown:
+        print(audit.to_markdown(report), end="")
+    elif args.fix:
+        print(audit_fix.unified_diff(report), end="")
+    elif args.write:
+        for path in audit_fix.write_fixes(report):
+            print(f"rewrote {path}")
+    else:
+        audit.print_table(report)
+    if args.fail_on:
+        threshold = Severity.from_slug(args.fail_on)
+        if any(f.severity.rank >= threshold.rank for f in report.findings):
+            return 1
+    return 0
+
+
+def _add_doctor(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "doctor", help="report versions, devices, compilers and the runtime build",
+        description="Report what torch-pjrt runs on: torch, jax and plugin versions, the "
+                    "PJRT platform and devices, autoload, compilers, the C++ runtime build.")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from torch_pjrt.tools import doctor
+
+    return doctor.run(as_json=args.json)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
+    _add_audit,
+    _add_doctor,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torch-pjrt", description="torch-pjrt: PyTorch on every PJRT accelerator.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

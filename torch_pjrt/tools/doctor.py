@@ -1,0 +1,245 @@
+"""`torch-pjrt doctor`: what torch-pjrt runs on, and what is missing.
+
+`collect()` gathers everything into one JSON-ready dict; each probe catches its own
+failures and records them as text, so the doctor reports a broken install instead of
+crashing on it. `render()` prints that dict with rich.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+PACKAGES = ("torch", "jax", "jaxlib", "torch-pjrt", "numpy", "ml_dtypes")
+PLUGIN_PREFIXES = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu", "jax-tpu",
+                   "jax-neuronx", "jax-metal")
+ENVIRONMENT = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_PJRT_PLATFORM", "TORCH_PJRT_CPU_DEVICES",
+               "TORCH_PJRT_FALLBACK", "JAX_PLATFORMS", "XLA_FLAGS",
+               "XLA_PYTHON_CLIENT_MEM_FRACTION")
+TOOLS = ("c++", "g++", "ninja")
+AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def jax_plugins() -> list[dict[str, str | None]]:
+    """JAX PJRT plugins: `jax_plugins` entry points and plugin distributions."""
+    found: dict[str, dict[str, str | None]] = {}
+    for entry in metadata.entry_points(group="jax_plugins"):
+        dist = entry.dist.name if entry.dist is not None else None
+        found[entry.name] = {"name": entry.name, "entry_point": entry.value,
+                             "distribution": dist,
+                             "version": _version(dist) if dist else None}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if name.lower().startswith(PLUGIN_PREFIXES) and not any(
+                p["distribution"] == name for p in found.values()):
+            found[name] = {"name": name, "entry_point": None, "distribution": name,
+                           "version": dist.version}
+    return sorted(found.values(), key=lambda p: str(p["name"]))
+
+
+def torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except Exception as error:  # a failing autoload raises here too
+        return {"version": _version("torch"), "imported": False, "error": _error(error)}
+    accelerator = None
+    try:
+        current = torch.accelerator.current_accelerator()
+        accelerator = str(current) if current is not None else None
+    except Exception as error:
+        return {"version": torch.__version__, "imported": True, "accelerator": None,
+                "error": _error(error)}
+    return {"version": torch.__version__, "imported": True, "accelerator": accelerator,
+            "torch_pjrt_loaded": "torch_pjrt" in sys.modules, "error": None}
+
+
+def jax_info() -> dict[str, Any]:
+    try:
+        import jax
+
+        devices = []
+        for device in jax.devices():
+            try:
+                stats = device.memory_stats()
+            except Exception:  # some platforms raise instead of returning None
+                stats = None
+            memory = None
+            if stats:
+                memory = {key: stats[key] for key in
+                          ("bytes_limit", "bytes_in_use", "peak_bytes_in_use") if key in stats}
+            devices.append({"id": device.id, "platform": device.platform,
+                            "kind": device.device_kind, "process": device.process_index,
+                            "memory": memory})
+        return {"version": jax.__version__, "backend": jax.default_backend(),
+                "devices": devices, "error": None}
+    except Exception as error:
+        return {"version": _version("jax"), "backend": None, "devices": [],
+                "error": _error(error)}
+
+
+def autoload_info() -> dict[str, Any]:
+    entry = next((e for e in metadata.entry_points(group="torch.backends")
+                  if e.name == "pjrt"), None)
+    value = os.environ.get(AUTOLOAD_VARIABLE)
+    enabled_by_env = (value if value is not None else "1") == "1"  # torch's own rule
+    return {"entry_point": entry.value if entry is not None else None,
+            "variable": value, "enabled": entry is not None and enabled_by_env}
+
+
+def tool_info(name: str) -> dict[str, str | None]:
+    path = shutil.which(name)
+    if path is None:
+        return {"path": None, "version": None}
+    try:
+        result = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                timeout=20, check=False)
+        version = (result.stdout or result.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        version = None
+    return {"path": path, "version": version}
+
+
+def runtime_info() -> dict[str, Any]:
+    """The C++ runtime's build status, from torch_pjrt._runtime.build_info()."""
+    try:
+        from torch_pjrt import _runtime
+
+        info = dict(_runtime.build_info())
+    except (ImportError, AttributeError) as error:
+        return {"available": False, "error": _error(error)}
+    except Exception as error:  # build_info itself failed: report it, do not crash
+        return {"available": False, "error": _error(error)}
+    return {"available": True, "error": None, **info}
+
+
+def collect() -> dict[str, Any]:
+    """Everything the doctor reports, as one JSON-ready dict."""
+    info: dict[str, Any] = {
+        "python": {"version": platform.python_version(), "executable": sys.executable,
+                   "platform": platform.platform()},
+        "packages": {name: _version(name) for name in PACKAGES},
+        "jax_plugins": jax_plugins(),
+        "autoload": autoload_info(),
+        "environment": {name: os.environ.get(name) for name in ENVIRONMENT},
+        "torch": torch_info(),
+        "jax": jax_info(),
+        "compilers": {name: tool_info(name) for name in TOOLS},
+        "runtime": runtime_info(),
+    }
+    info["problems"] = problems(info)
+    return info
+
+
+def problems(info: dict[str, Any]) -> list[str]:
+    """What stops torch-pjrt from working, in words, from a collect() dict."""
+    out: list[str] = []
+    if info["torch"]["error"]:
+        out.append(f"torch: {info['torch']['error']}")
+    if info["jax"]["error"]:
+        out.append(f"jax: {info['jax']['error']}")
+    if info["autoload"]["entry_point"] is None:
+        out.append("the torch.backends entry point 'pjrt' is not installed "
+                   "(pip install torch-pjrt); `import torch_pjrt` is needed")
+    if not (info["compilers"]["c++"]["path"] or info["compilers"]["g++"]["path"]):
+        out.append("no C++ compiler on PATH: the runtime extension cannot be built")
+    if not info["compilers"]["ninja"]["path"]:
+        out.append("ninja is not on PATH: the runtime extension cannot be built")
+    runtime = info["runtime"]
+    if not runtime["available"]:
+        out.append(f"runtime build status unavailable ({runtime['error']})")
+    elif runtime.get("error"):
+        out.append(f"runtime: {runtime['error']}")
+    elif runtime.get("built") is False:
+        out.append("the C++ runtime is not built yet: it builds on the first `import torch_pjrt`")
+    return out
+
+
+def _bytes(count: int | None) -> str:
+    if count is None:
+        return "?"
+    return f"{count / 2**30:.1f} GiB"
+
+
+def render(info: dict[str, Any], console: Any = None) -> None:
+    """Print a collect() dict as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = console if console is not None else Console()
+
+    def section(title: str, rows: list[tuple[str, str]]) -> None:
+        table = Table(title=title, show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for key, value in rows:
+            table.add_row(key, value)
+        out.print(table)
+
+    def show(value: object) -> str:
+        return "[red]missing[/]" if value is None else str(value)
+
+    section("Versions", [("python", info["python"]["version"])]
+            + [(name, show(version)) for name, version in info["packages"].items()]
+            + [(f"plugin {p['name']}", f"{show(p['version'])} ({p['entry_point'] or 'no entry point'})")
+               for p in info["jax_plugins"]])
+    jax_rows = [("backend", show(info["jax"]["backend"]))]
+    for device in info["jax"]["devices"]:
+        memory = device["memory"]
+        described = (f"{_bytes(memory.get('bytes_in_use'))} used of "
+                     f"{_bytes(memory.get('bytes_limit'))}" if memory else "memory unknown")
+        jax_rows.append((f"device {device['id']}", f"{device['platform']} {device['kind']}, "
+                                                   f"{described}"))
+    if info["jax"]["error"]:
+        jax_rows.append(("error", f"[red]{info['jax']['error']}[/]"))
+    section("JAX / PJRT", jax_rows)
+    torch_rows = [("accelerator", info["torch"].get("accelerator") or "none")]
+    autoload = info["autoload"]
+    torch_rows += [
+        ("autoload entry point", show(autoload["entry_point"])),
+        (AUTOLOAD_VARIABLE, autoload["variable"] if autoload["variable"] is not None
+         else "unset (enabled)"),
+        ("autoload", "[green]enabled[/]" if autoload["enabled"] else "[yellow]off[/]"),
+    ]
+    if info["torch"]["error"]:
+        torch_rows.append(("error", f"[red]{info['torch']['error']}[/]"))
+    section("PyTorch", torch_rows)
+    section("Build", [(name, f"{show(tool['path'])} {tool['version'] or ''}".strip())
+                      for name, tool in info["compilers"].items()]
+            + [(f"runtime {key}", str(value)) for key, value in info["runtime"].items()
+               if key not in ("available", "error") and value is not None]
+            + ([("runtime", f"[yellow]unavailable: {info['runtime']['error']}[/]")]
+               if not info["runtime"]["available"] else []))
+    section("Environment", [(k, v) for k, v in info["environment"].items() if v is not None]
+            or [("(none set)", "")])
+    if info["problems"]:
+        for problem in info["problems"]:
+            out.print(f"[yellow]![/] {problem}")
+    else:
+        out.print("[green]no problems found[/]")
+
+
+def run(as_json: bool = False) -> int:
+    """The `doctor` command: 1 if torch or jax cannot be used, else 0."""
+    info = collect()
+    if as_json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        render(info)
+    return 1 if info["torch"]["error"] or info["jax"]["error"] else 0
