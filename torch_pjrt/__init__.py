@@ -6,7 +6,9 @@ turn autoloading off; `import torch_pjrt` then sets the device up.
 """
 from __future__ import annotations
 
-import torch
+# No module-level `import torch`: when `import torch_pjrt` comes first, importing torch
+# runs our entry point (_autoload) while this module is still initialising, so
+# everything it needs must already be defined.
 
 __version__ = "0.1.0"
 __all__ = ["fallback_ops", "decomposed_ops", "registered_ops"]
@@ -17,6 +19,8 @@ _ready = False
 def _setup() -> None:
     """Register "pjrt" with torch: runtime, device module, kernels. Idempotent."""
     global _ready
+    import torch  # first: it may run _autoload, which then does the whole setup
+
     if _ready:
         return
     from . import _runtime, platform
@@ -34,15 +38,26 @@ def _setup() -> None:
     from . import eager, fallback, ops, transfer, view_kernels  # noqa: F401  (ops: registers the lowerings)
 
     eager.register(transfer.kernels() | view_kernels.kernels())
-    global _fallback_library
+    global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")
+    torch.utils.dlpack.to_dlpack = transfer.refuse_dlpack(torch.utils.dlpack.to_dlpack)
+    torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)
     _ready = True
 
 
 def _autoload() -> None:
-    """Entry point called by `import torch` (group torch.backends)."""
-    _setup()
+    """Entry point called by `import torch` (group torch.backends).
+
+    A failure here must not break `import torch` for everything else: warn and leave
+    "pjrt" unregistered; `import torch_pjrt` raises the full error.
+    """
+    try:
+        _setup()
+    except Exception as e:  # noqa: BLE001
+        import warnings
+
+        warnings.warn(f"torch-pjrt: the pjrt device is unavailable: {e}\nRun `torch-pjrt doctor` for details.")
 
 
 def fallback_ops() -> dict[str, int]:

@@ -115,12 +115,10 @@ class Stream(torch.Stream):
         return super().__new__(cls, device=torch.device("pjrt", _index(device)), priority=priority, **kwargs)
 
 
-class Event(torch.Event):
-    """A pjrt event; record() waits for queued work, so elapsed_time is exact."""
-
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device=torch.device("pjrt", _rt.current_device()), enable_timing=enable_timing,
-                               blocking=blocking, interprocess=interprocess)
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+    """A torch.Event on the current pjrt device; record() waits for queued work, so elapsed_time is exact."""
+    return torch.Event(device=torch.device("pjrt", _rt.current_device()), enable_timing=enable_timing,
+                       blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device=None) -> torch.Stream:

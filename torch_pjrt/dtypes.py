@@ -35,7 +35,8 @@ def to_jax(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"pjrt: dtype {dtype} is not supported by torch-pjrt (JAX has no equivalent)") from None
+        raise TypeError(f"pjrt: dtype {dtype} is not supported on pjrt devices (JAX/XLA has no such type); "
+                        f"convert the tensor to a supported dtype first") from None
 
 
 def to_torch(dtype) -> torch.dtype:

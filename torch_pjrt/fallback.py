@@ -99,34 +99,36 @@ def _on_cpu(op, args, kwargs):
     if device is None:  # a factory: the device argument says where
         where = next((x for x in _flat(args, kwargs) if isinstance(x, torch.device) and x.type == "pjrt"), None)
         device = where.index if where is not None and where.index is not None else torch.pjrt.current_device()
-    twins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(cpu twin) -> (pjrt original, cpu twin)
-
-    def to_cpu(x):
-        if _is_pjrt(x):
-            twin = storage.download(x).clone()  # resizable, for out= arguments
-            twins[id(twin)] = (x, twin)
-            return twin
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_cpu(v) for v in x)
-        if isinstance(x, torch.device) and x.type == "pjrt":
-            return torch.device("cpu")
-        return x
-
-    cpu_args = [to_cpu(a) for a in args]
-    cpu_kwargs = {k: to_cpu(v) for k, v in kwargs.items()}
+    twins: dict[int, torch.Tensor] = {}  # id(cpu twin) -> pjrt original
+    cpu_args = [_to_cpu(a, twins) for a in args]
+    cpu_kwargs = {k: _to_cpu(v, twins) for k, v in kwargs.items()}
     result = op(*cpu_args, **cpu_kwargs)
     for original, twin in _written(op, args, kwargs, cpu_args, cpu_kwargs):  # write back what the op mutated
         if tuple(original.shape) != tuple(twin.shape):
             original.resize_(twin.shape)
         storage.write(original, storage.upload(twin, original.get_device()))
+    return _to_device(result, twins, device)
 
-    def to_device(r):
-        if isinstance(r, torch.Tensor):
-            if id(r) in twins:
-                return twins[id(r)][0]
-            return storage.wrap(storage.upload(r, device), device) if r.device.type == "cpu" else r
-        if isinstance(r, (list, tuple)):
-            return type(r)(to_device(v) for v in r)
-        return r
 
-    return to_device(result)
+# (module-level, not closures: a recursive closure is a reference cycle that would keep
+# the call's tensors alive until the next garbage collection)
+def _to_cpu(x, twins: dict):
+    if _is_pjrt(x):
+        twin = storage.download(x).clone()  # resizable, for out= arguments
+        twins[id(twin)] = x
+        return twin
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v, twins) for v in x)
+    if isinstance(x, torch.device) and x.type == "pjrt":
+        return torch.device("cpu")
+    return x
+
+
+def _to_device(r, twins: dict, device: int):
+    if isinstance(r, torch.Tensor):
+        if id(r) in twins:  # the op returned a mutated argument: return the pjrt original
+            return twins[id(r)]
+        return storage.wrap(storage.upload(r, device), device) if r.device.type == "cpu" else r
+    if isinstance(r, (list, tuple)):
+        return type(r)(_to_device(v, twins, device) for v in r)
+    return r

@@ -64,3 +64,15 @@ def synchronize(index: int = -1) -> None:
     target = None if index < 0 else device(index)
     ready = [a for a in jax.live_arrays() if target is None or target in a.devices()]
     jax.block_until_ready(ready)
+
+
+# Platforms whose XLA backend lacks a dtype (TPUs have no 64-bit floats).
+_MISSING_DTYPES = {"tpu": {"float64", "complex128"}}
+
+
+def check_dtype(dtype, index: int) -> None:
+    """TypeError naming the dtype and platform when the device cannot hold `dtype`."""
+    plat = device(index).platform
+    if str(dtype) in _MISSING_DTYPES.get(plat, ()):
+        raise TypeError(f"pjrt: dtype {dtype} is not supported on platform '{plat}' (pjrt:{index}); "
+                        f"use a 32-bit type, e.g. tensor.float()")

@@ -221,8 +221,9 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 
 def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Array:
     """Copy a host tensor to pjrt:device; the host tensor stays the user's to change."""
-    host = to_numpy(cpu)
     target = platform.device(device)
+    platform.check_dtype(to_jax(cpu.dtype), device)
+    host = to_numpy(cpu)
     if target.platform == "cpu":  # the CPU client aliases numpy memory instead of copying
         return jax.device_put(np.array(host), target)
     array = jax.device_put(host, target)

@@ -93,3 +93,17 @@ def kernels() -> dict:
         aten.clone.default: clone,
         aten._local_scalar_dense.default: local_scalar_dense,
     }
+
+
+def refuse_dlpack(original):
+    """DLPack hands out raw device pointers; pjrt data pointers are handles, so refuse clearly."""
+
+    def to_dlpack(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "pjrt":
+            raise BufferError(
+                f"pjrt tensors cannot be exported through DLPack (device {tensor.device}); "
+                f"use tensor.cpu() for host interop"
+            )
+        return original(tensor, *args, **kwargs)
+
+    return to_dlpack

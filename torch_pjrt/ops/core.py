@@ -1,1 +1,38 @@
-"""Lowerings: core family."""
+"""Lowerings: the few ops the runtime itself leans on (fill, zero, arange)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..dtypes import to_jax
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+@lowering(aten.fill.Scalar, aten.fill.Tensor)
+def fill(self, value):
+    return jnp.full(self.shape, value, self.dtype)
+
+
+@lowering(aten.zero.default)
+def zero(self):
+    return jnp.zeros(self.shape, self.dtype)
+
+
+def _arange_dtype(start, end, step, dtype):
+    if dtype is not None:
+        return to_jax(dtype)
+    if all(isinstance(v, (bool, int)) for v in (start, end, step)):
+        return np.dtype(np.int64)
+    return to_jax(torch.get_default_dtype())
+
+
+@lowering(aten.arange.start_step, static=("start", "end", "step"))
+def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Lengths and values follow torch: computed in float64 (or int64), then cast."""
+    out = _arange_dtype(start, end, step, dtype)
+    n = torch.arange(start, end, step, device="meta").numel()  # torch's own length rule and checks
+    index = jnp.arange(n, dtype=jnp.int64 if np.issubdtype(out, np.integer) else jnp.float64)
+    return (start + index * step).astype(out)

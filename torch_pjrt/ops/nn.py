@@ -186,6 +186,17 @@ def _log_softmax(self, dim, half_to_float):
     return _along(_log_softmax_fn, _up(self), dim).astype(out)
 
 
+@lowering(aten._safe_softmax.default)
+def _safe_softmax(self, dim, dtype=None):
+    """softmax that gives 0, not NaN, on rows that are entirely -inf (masked attention)."""
+    x = self.astype(to_jax(dtype)) if dtype is not None else self
+    out = _along(_softmax_fn, _up(x), dim).astype(x.dtype)
+    if x.ndim == 0:
+        return jnp.where(x == -jnp.inf, jnp.zeros((), x.dtype), out)
+    masked = jnp.all(x == -jnp.inf, axis=dim, keepdims=True)
+    return jnp.where(masked, jnp.zeros((), x.dtype), out)
+
+
 @lowering(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
     g, y = _up(grad_output), _up(output)

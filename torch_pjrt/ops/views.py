@@ -1,1 +1,346 @@
-"""Lowerings: views family."""
+"""Lowerings: views family.
+
+The functional forms of view ops as FX graphs (torch.compile, decompositions) meet them.
+A lowering sees the view's base as a logical (row-major) array, so a view is a plain
+jnp reshape/transpose/slice, and `as_strided` gathers from the flattened input as if it
+were the storage. The `_copy` variants and the functionalization `*_scatter` ops live
+here too, beside the view they invert.
+
+`wrap_dim` / `wrap_dims` are the one place dims are normalised for this family and for
+reductions, indexing and shape (they import them from here).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..dtypes import to_jax
+from .registry import lowering
+
+aten = torch.ops.aten
+
+
+# --------------------------------------------------------------------------- helpers
+def wrap_dim(dim: int, ndim: int) -> int:
+    """torch's maybe_wrap_dim: negative dims count from the end; 0-d tensors accept 0 and -1."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def wrap_dims(dims, ndim: int) -> tuple:
+    """Wrap a dim list; None or [] means every dim (torch's reduction convention)."""
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    wrapped = tuple(wrap_dim(d, ndim) for d in dims)
+    if len(set(wrapped)) != len(wrapped):
+        raise RuntimeError(f"dim {dims} appears multiple times in the list of dims")
+    return tuple(d for d in wrapped if d < ndim)  # a 0-d tensor's dim 0 is no axis
+
+
+def infer_size(size, numel: int) -> tuple:
+    """A view/reshape size with at most one -1 resolved (torch's infer_size)."""
+    size = tuple(int(s) for s in size)
+    if size.count(-1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = math.prod(s for s in size if s != -1)
+    if -1 in size:
+        if known == 0 or numel % known:
+            raise RuntimeError(f"shape '{list(size)}' is invalid for input of size {numel}")
+        size = tuple(numel // known if s == -1 else s for s in size)
+    if math.prod(size) != numel:
+        raise RuntimeError(f"shape '{list(size)}' is invalid for input of size {numel}")
+    return size
+
+
+def strided_indices(size, stride, offset: int):
+    """Flat storage index of every element of an (size, stride, offset) view."""
+    idx = jnp.full(tuple(size), offset, dtype=jnp.int64)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = idx + (jnp.arange(n, dtype=jnp.int64) * st).reshape(shape)
+    return idx
+
+
+def scatter_through_view(x, src, view_fn):
+    """The functionalization inverse of a view: write `src` where `view_fn(x)` reads from.
+
+    The view is applied to the flat positions of x, which says which element of x each
+    element of the view is; then one flat scatter writes src there.
+    """
+    pos = view_fn(jnp.arange(x.size, dtype=jnp.int64).reshape(x.shape))
+    src = jnp.broadcast_to(src, pos.shape).astype(x.dtype)
+    return x.reshape(-1).at[pos.reshape(-1)].set(src.reshape(-1)).reshape(x.shape)
+
+
+# --------------------------------------------------------------------------- reshapes
+@lowering(aten.view.default, aten.view_copy.default, aten._unsafe_view.default, aten.reshape.default)
+def view(self, size):
+    return jnp.reshape(self, infer_size(size, self.size))
+
+
+@lowering(aten._reshape_alias.default, aten._reshape_alias_copy.default)
+def _reshape_alias(self, size, stride):
+    # reshape only emits _reshape_alias when the view exists, so its elements are the reshape's
+    return jnp.reshape(self, tuple(size))
+
+
+@lowering(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(self, size, stride, storage_offset=None):
+    idx = strided_indices(size, stride, storage_offset or 0)
+    return jnp.take(self.reshape(-1), idx, mode="clip") if self.size else jnp.zeros(tuple(size), self.dtype)
+
+
+@lowering(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    idx = strided_indices(size, stride, storage_offset or 0)
+    flat = self.reshape(-1).at[idx.reshape(-1)].set(jnp.broadcast_to(src, idx.shape).astype(self.dtype).reshape(-1))
+    return flat.reshape(self.shape)
+
+
+# --------------------------------------------------------------------------- dim shuffles
+@lowering(aten.t.default, aten.t_copy.default)
+def t(self):
+    if self.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
+    return self.T if self.ndim == 2 else self
+
+
+@lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(self, dim0, dim1):
+    if self.ndim == 0:
+        wrap_dim(dim0, 0), wrap_dim(dim1, 0)
+        return self
+    return jnp.swapaxes(self, wrap_dim(dim0, self.ndim), wrap_dim(dim1, self.ndim))
+
+
+@lowering(aten.permute.default, aten.permute_copy.default)
+def permute(self, dims):
+    if len(dims) != self.ndim:
+        raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match "
+                           f"the length of the desired ordering of dimensions i.e. input.dim() = {self.ndim} "
+                           f"is not equal to len(dims) = {len(dims)}")
+    return jnp.transpose(self, tuple(wrap_dim(d, self.ndim) for d in dims)) if self.ndim else self
+
+
+@lowering(aten.expand.default, aten.expand_copy.default)
+def expand(self, size, *, implicit=False):
+    lead = len(size) - self.ndim
+    if lead < 0:
+        raise RuntimeError(f"expand: the number of sizes provided ({len(size)}) must be greater or equal "
+                           f"to the number of dimensions in the tensor ({self.ndim})")
+    shape = tuple(self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(size))
+    return jnp.broadcast_to(self, shape)
+
+
+@lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def unsqueeze(self, dim):
+    return jnp.expand_dims(self, wrap_dim(dim, self.ndim + 1))
+
+
+@lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
+          aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims)
+def squeeze(self, dim=None):
+    dims = wrap_dims(dim, self.ndim)
+    return jnp.squeeze(self, tuple(d for d in dims if self.shape[d] == 1))
+
+
+# --------------------------------------------------------------------------- slicing views
+def slice_bounds(n: int, start, end, step: int) -> tuple:
+    """torch's slice clamping: None is the edge, negatives count from the end, then clamp."""
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    return start, end, step
+
+
+def _along(ndim: int, dim: int, key) -> tuple:
+    return (slice(None),) * dim + (key,)
+
+
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice(self, dim=0, start=None, end=None, step=1):  # noqa: A001 (named after the op)
+    dim = wrap_dim(dim, self.ndim)
+    s, e, st = slice_bounds(self.shape[dim], start, end, step)
+    return jax.lax.slice_in_dim(self, s, e, st, axis=dim) if e > s else self[_along(self.ndim, dim, np.s_[0:0])]
+
+
+@lowering(aten.slice_scatter.default)
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    dim = wrap_dim(dim, self.ndim)
+    s, e, st = slice_bounds(self.shape[dim], start, end, step)
+    return self.at[_along(self.ndim, dim, np.s_[s:e:st])].set(src.astype(self.dtype))
+
+
+def _select_index(self, dim: int, index: int) -> int:
+    n = self.shape[dim]
+    if not -n <= index < n:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} at dimension {dim}")
+    return index % n
+
+
+@lowering(aten.select.int, aten.select_copy.int)
+def select(self, dim, index):
+    dim = wrap_dim(dim, self.ndim)
+    return jax.lax.index_in_dim(self, _select_index(self, dim, index), axis=dim, keepdims=False)
+
+
+@lowering(aten.select_scatter.default)
+def select_scatter(self, src, dim, index):
+    dim = wrap_dim(dim, self.ndim)
+    return self.at[_along(self.ndim, dim, _select_index(self, dim, index))].set(src.astype(self.dtype))
+
+
+@lowering(aten.narrow.default)
+def narrow(self, dim, start, length):
+    dim = wrap_dim(dim, self.ndim)
+    start = start + self.shape[dim] if start < 0 else start
+    if not 0 <= start <= self.shape[dim] - length or length < 0:
+        raise IndexError(f"start ({start}) + length ({length}) exceeds dimension size ({self.shape[dim]}).")
+    return jax.lax.slice_in_dim(self, start, start + length, axis=dim)
+
+
+@lowering(aten.narrow.Tensor)
+def narrow_tensor(self, dim, start, length):
+    dim = wrap_dim(dim, self.ndim)
+    start = start.reshape(()).astype(jnp.int64)
+    start = jnp.where(start < 0, start + self.shape[dim], start)  # a traced start: no Python branch
+    return jax.lax.dynamic_slice_in_dim(self, start, length, axis=dim)
+
+
+def _diagonal_dims(ndim, offset, dim1, dim2):
+    d1, d2 = wrap_dim(dim1, ndim), wrap_dim(dim2, ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    return d1, d2
+
+
+@lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def diagonal(self, offset=0, dim1=0, dim2=1):
+    d1, d2 = _diagonal_dims(self.ndim, offset, dim1, dim2)
+    n1, n2 = self.shape[d1], self.shape[d2]
+    length = max(0, min(n1, n2 - offset) if offset >= 0 else min(n1 + offset, n2))
+    if length == 0:  # jnp.diagonal rejects offsets past the edge; torch gives an empty diagonal
+        rest = [s for i, s in enumerate(self.shape) if i not in (d1, d2)]
+        return jnp.zeros((*rest, 0), self.dtype)
+    return jnp.diagonal(self, offset, d1, d2)
+
+
+@lowering(aten.diagonal_scatter.default)
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    return scatter_through_view(self, src, lambda pos: diagonal(pos, offset, dim1, dim2))
+
+
+@lowering(aten.unfold.default, aten.unfold_copy.default)
+def unfold(self, dimension, size, step):
+    dim = wrap_dim(dimension, self.ndim)
+    x = self.reshape(1) if self.ndim == 0 else self
+    n = x.shape[dim]
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {dim} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    windows = (n - size) // step + 1
+    idx = (jnp.arange(windows, dtype=jnp.int64)[:, None] * step + jnp.arange(size, dtype=jnp.int64)[None, :])
+    out = jnp.take(x, idx, axis=dim)  # dims: ..., windows, size, ...
+    out = jnp.moveaxis(out, dim + 1, -1)
+    return out.reshape(out.shape[1:]) if self.ndim == 0 else out
+
+
+# --------------------------------------------------------------------------- identities
+@lowering(aten.alias.default, aten.alias_copy.default, aten.detach.default, aten.detach_copy.default,
+          aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default)
+def alias(self):
+    return self
+
+
+# --------------------------------------------------------------------------- dtype views
+@lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
+def view_as_real(self):
+    if not jnp.iscomplexobj(self):
+        raise RuntimeError("view_as_real is only supported for complex tensors")
+    return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
+
+
+@lowering(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+def view_as_complex(self):
+    if self.ndim == 0 or self.shape[-1] != 2:
+        raise RuntimeError("Tensor must have a last dimension of size 2")
+    complex_of = {np.dtype(np.float32): jnp.complex64, np.dtype(np.float64): jnp.complex128}
+    if np.dtype(self.dtype) not in complex_of:
+        raise RuntimeError(f"view_as_complex is only supported for float and double tensors, but got a tensor of "
+                           f"scalar type: {self.dtype}")
+    return jax.lax.complex(self[..., 0], self[..., 1]).astype(complex_of[np.dtype(self.dtype)])
+
+
+def _bitcast_same_size(x, dtype):
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    if dtype == jnp.bool_:
+        return jax.lax.bitcast_convert_type(x, jnp.uint8) != 0
+    return jax.lax.bitcast_convert_type(x, dtype)
+
+
+@lowering(aten.view.dtype, aten.view_copy.dtype)
+def view_dtype(self, dtype):
+    new = to_jax(dtype)
+    old_size, new_size = np.dtype(self.dtype).itemsize, np.dtype(new).itemsize
+    if old_size == new_size:
+        return _bitcast_same_size(self, new)
+    if self.ndim == 0:
+        raise RuntimeError("self.dim() cannot be 0 to view a tensor as a dtype with a different itemsize")
+    if old_size > new_size:  # each element becomes ratio narrower ones along the last dim
+        out = jax.lax.bitcast_convert_type(self, new)
+        return out.reshape(*self.shape[:-1], self.shape[-1] * (old_size // new_size))
+    ratio = new_size // old_size
+    if self.shape[-1] % ratio:
+        raise RuntimeError(f"self.size(-1) must be divisible by {ratio} to view {self.dtype} as {dtype}")
+    x = self.reshape(*self.shape[:-1], self.shape[-1] // ratio, ratio)
+    return jax.lax.bitcast_convert_type(x, new)
+
+
+# --------------------------------------------------------------------------- splits (tuples)
+@lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default, aten.split.sizes,
+          aten.split.default)
+def split_with_sizes(self, split_sizes, dim=0):
+    dim = wrap_dim(dim, self.ndim)
+    if sum(split_sizes) != self.shape[dim]:
+        raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {self.shape[dim]} "
+                           f"(input tensor's size at dimension {dim}), but got split_sizes={list(split_sizes)}")
+    starts = np.cumsum([0, *split_sizes])
+    return tuple(jax.lax.slice_in_dim(self, int(s), int(s) + n, axis=dim) for s, n in zip(starts, split_sizes))
+
+
+@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+def split(self, split_size, dim=0):
+    dim = wrap_dim(dim, self.ndim)
+    n = self.shape[dim]
+    if split_size == 0 and n != 0:
+        raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] if split_size else []
+    return split_with_sizes(self, sizes or [n], dim)
+
+
+@lowering(aten.chunk.default)
+def chunk(self, chunks, dim=0):
+    dim = wrap_dim(dim, self.ndim)
+    return split(self, -(-self.shape[dim] // chunks) if self.shape[dim] else 0, dim)
+
+
+@lowering(aten.unbind.int, aten.unbind_copy.int)
+def unbind(self, dim=0):
+    dim = wrap_dim(dim, self.ndim)
+    return tuple(jax.lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim]))

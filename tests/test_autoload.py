@@ -1,0 +1,34 @@
+"""`import torch` alone makes "pjrt" work; TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off."""
+import os
+import subprocess
+import sys
+
+
+def run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_import_torch_is_enough():
+    r = run("import torch, sys\n"
+            "x = torch.arange(4.0, device='pjrt') * 2\n"
+            "print(x.cpu().tolist(), 'torch_pjrt' in sys.modules, torch.accelerator.current_accelerator())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] True pjrt"
+    assert r.stderr == "", "import must not print"
+
+
+def test_autoload_off_then_explicit_import():
+    r = run("import torch, sys\n"
+            "print('torch_pjrt' in sys.modules, hasattr(torch, 'pjrt'))\n"
+            "import torch_pjrt\n"
+            "print(torch.ones(2, device='pjrt').sum().item())", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False", "2.0"]
+
+
+def test_runtime_is_cached_between_processes():
+    from torch_pjrt import _runtime
+
+    info = _runtime.build_info()
+    assert info["built"] and os.path.isdir(info["cache_dir"])

@@ -1,0 +1,93 @@
+"""Bad input raises what CUDA raises, names the op and devices, and loses nothing."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def test_cpu_and_pjrt_tensors_do_not_mix():
+    a = torch.ones(3, device="pjrt")
+    with pytest.raises(RuntimeError, match=r"same device.*pjrt:0.*cpu.*aten::add"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match=r"same device"):
+        torch.ones(3).add_(a) if False else a.add_(torch.ones(3))
+    assert torch.equal(a.cpu(), torch.ones(3))  # the failed in-place op lost nothing
+
+
+def test_cpu_scalar_tensors_mix_like_cuda():
+    a = torch.ones(3, device="pjrt")
+    assert torch.equal((a * torch.tensor(2.0)).cpu(), torch.full((3,), 2.0))
+    assert (torch.ones(3, dtype=torch.int32, device="pjrt") + torch.tensor(1.5)).dtype == torch.float32
+
+
+def test_two_pjrt_devices_do_not_mix():
+    with pytest.raises(RuntimeError, match=r"pjrt:0 and pjrt:1"):
+        torch.ones(2, device="pjrt:0") + torch.ones(2, device="pjrt:1")
+
+
+def test_numpy_type_error():
+    with pytest.raises(TypeError, match="Use Tensor.cpu"):
+        torch.zeros(1, device="pjrt").numpy()
+
+
+def test_out_of_memory_is_an_error_and_the_process_keeps_working():
+    with pytest.raises(torch.OutOfMemoryError, match=r"out of memory on pjrt:0"):
+        torch.empty(1 << 45, dtype=torch.uint8, device="pjrt")  # 32 TiB
+    assert torch.pjrt.memory_stats()["num_ooms"] >= 1
+    assert (torch.ones(2, device="pjrt") + 1).sum().item() == 4.0
+
+
+def test_unsupported_dtype_names_the_dtype():
+    with pytest.raises(TypeError, match=r"complex32"):
+        torch.zeros(2, dtype=torch.complex32).to("pjrt").cpu()
+
+
+def test_in_place_result_type_and_shape_errors():
+    ints = torch.ones(3, dtype=torch.int64, device="pjrt")
+    with pytest.raises(RuntimeError, match=r"result type Float can't be cast to the desired output type Long"):
+        ints.add_(torch.ones(3, device="pjrt"))
+    small = torch.ones(3, device="pjrt")
+    with pytest.raises(RuntimeError, match=r"doesn't match the broadcast shape"):
+        small.add_(torch.ones(2, 3, device="pjrt"))
+    assert torch.equal(ints.cpu(), torch.ones(3, dtype=torch.int64))
+
+
+def test_shape_mismatch_is_a_runtime_error():
+    with pytest.raises((RuntimeError, TypeError, ValueError)):
+        torch.ones(2, 3, device="pjrt") + torch.ones(4, device="pjrt")
+
+
+def test_dlpack_raises_instead_of_crashing():
+    with pytest.raises((RuntimeError, TypeError, BufferError)):
+        torch.utils.dlpack.to_dlpack(torch.ones(2, device="pjrt"))
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_fallback_modes():
+    # aten::_fft_c2c has no lowering in this table snapshot? use an op that certainly falls back: a test-only op
+    code = (
+        "import torch, warnings\n"
+        "lib = torch.library.Library('pjrt_test', 'DEF')\n"
+        "lib.define('twice(Tensor x) -> Tensor')\n"
+        "lib.impl('twice', lambda x: x * 2, 'CPU')\n"
+        "x = torch.arange(3.0, device='pjrt')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    y = torch.ops.pjrt_test.twice(x)\n"
+        "    y = torch.ops.pjrt_test.twice(y)\n"
+        "import torch_pjrt\n"
+        "print(y.device, y.cpu().tolist(), torch_pjrt.fallback_ops(), sum('runs on the CPU' in str(m.message) for m in w))\n"
+    )
+    warn = _run(code)
+    assert warn.returncode == 0, warn.stderr
+    assert "pjrt:0 [0.0, 4.0, 8.0] {'pjrt_test.twice.default': 2} 1" in warn.stdout
+    error = _run(code, TORCH_PJRT_FALLBACK="error")
+    assert error.returncode != 0 and "NotImplementedError" in error.stderr and "pjrt_test.twice" in error.stderr
+    silent = _run(code, TORCH_PJRT_FALLBACK="silent")
+    assert silent.returncode == 0 and silent.stdout.strip().endswith("0")
