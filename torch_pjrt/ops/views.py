@@ -11,6 +11,7 @@ reductions, indexing and shape (they import them from here).
 """
 from __future__ import annotations
 
+import builtins
 import math
 
 import jax
@@ -168,7 +169,7 @@ def slice_bounds(n: int, start, end, step: int) -> tuple:
 
 
 def _along(ndim: int, dim: int, key) -> tuple:
-    return (slice(None),) * dim + (key,)
+    return (builtins.slice(None),) * dim + (key,)  # `slice` here is the aten.slice lowering
 
 
 @lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
@@ -337,7 +338,9 @@ def split(self, split_size, dim=0):
 @lowering(aten.chunk.default)
 def chunk(self, chunks, dim=0):
     dim = wrap_dim(dim, self.ndim)
-    return split(self, -(-self.shape[dim] // chunks) if self.shape[dim] else 0, dim)
+    if self.shape[dim] == 0:  # torch gives `chunks` empty pieces
+        return split_with_sizes(self, [0] * chunks, dim)
+    return split(self, -(-self.shape[dim] // chunks), dim)
 
 
 @lowering(aten.unbind.int, aten.unbind_copy.int)
