@@ -81,4 +81,13 @@ def registered_ops() -> list[str]:
     return names()
 
 
-_setup()
+def _imported_by_torch() -> bool:
+    """True while `import torch` itself is loading us through the entry point."""
+    import sys
+
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+if not _imported_by_torch():  # autoload calls _autoload(), which must not raise
+    _setup()

@@ -10,7 +10,6 @@ Ops the table lacks go to `fallback.py` (decomposition, else a loud CPU fallback
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import jax
@@ -21,7 +20,7 @@ import torch
 from . import platform, storage
 from ._runtime import load as _load_runtime
 from .dtypes import to_jax, to_torch
-from .ops.jitted import executable, prepare
+from .ops.jitted import executable, hashable, static_positions
 from .ops.registry import LOWERINGS, Lowering
 from .ops.signature import SCALAR, TENSOR, TENSOR_LIST, Signature
 
@@ -44,59 +43,44 @@ def _device_index(device) -> int:
     return _rt.current_device() if device.index is None else device.index
 
 
-class Operands:
-    """Turns a call's tensors into JAX arrays, checking that they share one pjrt device."""
-
-    __slots__ = ("op", "device")
-
-    def __init__(self, op, device: int | None):
-        self.op = op
-        self.device = device
-
-    def array(self, t, arg: str):
-        if t is None or not isinstance(t, torch.Tensor):
-            return t  # None, or a Python number passed for a Tensor argument (promotes as a Scalar)
-        index = t.get_device()
-        if index >= 0 and t.device.type == "pjrt":
-            if self.device is None:
-                self.device = index
-            elif index != self.device:
-                self._mismatch(f"pjrt:{self.device}", f"pjrt:{index}", arg)
-            return storage.read(t)
-        if t.is_cpu and t.dim() == 0:  # CPU scalars mix with device tensors, as with CUDA
-            if _rt.is_wrapped_number(t):
-                return t.item()
-            return jnp.asarray(t.item(), dtype=to_jax(t.dtype))
-        self._mismatch(f"pjrt:{self.device if self.device is not None else 0}", str(t.device), arg)
-
-    def _mismatch(self, a: str, b: str, arg: str):
-        raise RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
-            f"(when checking argument '{arg}' in {_op_label(self.op)})"
-        )
+def _mismatch(op, a: str, b: str, arg: str):
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
+        f"(when checking argument '{arg}' in {_op_label(op)})"
+    )
 
 
-def _first_pjrt_device(values, sig: Signature) -> int | None:
-    for v, kind in zip(values, sig.kinds):
-        if kind == TENSOR and isinstance(v, torch.Tensor) and v.device.type == "pjrt":
-            return v.get_device()
-        if kind == TENSOR_LIST and v:
-            for t in v:
-                if isinstance(t, torch.Tensor) and t.device.type == "pjrt":
-                    return t.get_device()
-    return None
+def _operand(op, arg: str, t: torch.Tensor, device: int | None):
+    """(JAX value of tensor argument t, the call's device), checking devices as CUDA does."""
+    index = t.get_device()
+    if index >= 0:
+        if device is None or index == device:
+            return storage.read_lazily(t), index
+        _mismatch(op, f"pjrt:{device}", f"pjrt:{index}", arg)
+    if t.dim() == 0 and t.is_cpu:  # CPU scalars mix with device tensors, as with CUDA
+        if _rt.is_wrapped_number(t):
+            return _weak_scalar(t.item()), device  # a Python number the arg parser wrapped: promotes as a Scalar
+        return jnp.asarray(t.item(), dtype=to_jax(t.dtype)), device
+    _mismatch(op, f"pjrt:{device if device is not None else _rt.current_device()}", str(t.device), arg)
 
 
-def _unwrap(op, sig: Signature, values: list, device: int | None) -> tuple[list, int]:
-    operands = Operands(op, device if device is not None else _first_pjrt_device(values, sig))
-    for i, kind in enumerate(sig.kinds):
-        if kind == TENSOR:
-            values[i] = operands.array(values[i], sig.names[i])
-        elif kind == TENSOR_LIST and values[i] is not None:
-            values[i] = [operands.array(t, sig.names[i]) for t in values[i]]
-    if operands.device is None:
-        operands.device = _rt.current_device()
-    return values, operands.device
+_WEAK_SCALARS: dict = {}
+
+
+def _weak_scalar(value):
+    """A Python number as a cached weakly typed JAX scalar: passing the number itself to
+    an executable costs a host-to-device conversion on every call."""
+    key = (type(value), value)
+    array = _WEAK_SCALARS.get(key)
+    if array is None:
+        try:
+            array = jnp.asarray(value)
+        except OverflowError:  # beyond int64: let JAX report it in the op
+            return value
+        if len(_WEAK_SCALARS) > 4096:
+            _WEAK_SCALARS.clear()
+        _WEAK_SCALARS[key] = array
+    return array
 
 
 def _wrap(result, device: int):
@@ -107,36 +91,45 @@ def _wrap(result, device: int):
     return result
 
 
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
-def _placement(device: int, has_inputs: bool):
-    """Computations follow their inputs; factories need the device said explicitly."""
-    if has_inputs or device == 0:
-        return _nothing()
-    return jax.default_device(platform.device(device))
-
-
 class Kernel:
     """The PrivateUse1 kernel of one functional overload."""
 
     def __init__(self, lowering: Lowering):
         self.op = lowering.op
         self.lowering = lowering
-        self.sig = Signature.of(lowering.op)
+        self.sig = sig = Signature.of(lowering.op)
         self.run = executable(lowering)
-        self.has_tensor_args = any(k in (TENSOR, TENSOR_LIST) for k in self.sig.kinds)
-        self.device_arg = self.sig.names.index("device") if "device" in self.sig.names else None
-        self.generator_arg = self.sig.names.index("generator") if "generator" in self.sig.names else None
+        self.arity = len(sig.names)
+        self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
+        self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
+        self.static_args = static_positions(lowering, sig)
+        self.scalar_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR and i not in self.static_args)
+        self.device_arg = sig.names.index("device") if "device" in sig.names else None
+        self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
         self.random = lowering.random or self.generator_arg is not None
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
-        values = self.sig.bind(args, kwargs)
+        values = list(args) if not kwargs and len(args) == self.arity else self.sig.bind(args, kwargs)
         device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
-        values, device = _unwrap(self.op, self.sig, values, device)
+        names, op = self.sig.names, self.op
+        for i in self.tensor_args:
+            t = values[i]
+            if isinstance(t, torch.Tensor):
+                values[i], device = _operand(op, names[i], t, device)
+        for i in self.list_args:
+            if values[i] is not None:
+                arrays = []
+                for t in values[i]:
+                    if isinstance(t, torch.Tensor):
+                        t, device = _operand(op, names[i], t, device)
+                    arrays.append(t)
+                values[i] = arrays
+        if device is None:
+            device = _rt.current_device()
+        for i in self.scalar_args:
+            if values[i].__class__ in (int, float, bool, complex):
+                values[i] = _weak_scalar(values[i])
         if self.random:
             generator = values[self.generator_arg] if self.generator_arg is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))
@@ -144,9 +137,13 @@ class Kernel:
                 values[self.generator_arg] = seed
             else:
                 values.append(seed)
-        values = prepare(self.lowering, self.sig, values)
-        with _placement(device, self.has_tensor_args):
-            return self.run(*values), device
+        for i in self.static_args:
+            if type(values[i]) is list:
+                values[i] = hashable(values[i])
+        if device != 0 and not (self.tensor_args or self.list_args):
+            with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
+                return self.run(*values), device
+        return self.run(*values), device
 
     def __call__(self, *args, **kwargs):
         result, device = self.compute(args, kwargs)

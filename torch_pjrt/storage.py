@@ -39,11 +39,39 @@ def wrap(array: jax.Array, device: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------
 def read(t: torch.Tensor) -> jax.Array:
     """The logical value of pjrt tensor `t` as a JAX array."""
+    operand = read_lazily(t)
+    return operand if isinstance(operand, jax.Array) else _reader(operand.geometry)(operand.buffer)
+
+
+def read_lazily(t: torch.Tensor):
+    """`t`'s buffer when it is exactly the buffer, else a StridedView that the consuming
+    executable resolves, so a view costs no executable of its own."""
     buf = _rt.whole_buffer(t)
     if buf is not None:
         return buf
     buf = _materialized_buffer(t)
-    return _reader(tuple(t.shape), tuple(t.stride()), t.storage_offset(), buf.shape, buf.dtype, to_jax(t.dtype))(buf)
+    return StridedView(buf, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype)))
+
+
+@jax.tree_util.register_pytree_node_class
+class StridedView:
+    """A tensor's geometry over its storage's buffer; the geometry is static in executables."""
+
+    __slots__ = ("buffer", "geometry")
+
+    def __init__(self, buffer, geometry: tuple):
+        self.buffer, self.geometry = buffer, geometry
+
+    def tree_flatten(self):
+        return (self.buffer,), self.geometry
+
+    @classmethod
+    def tree_unflatten(cls, geometry, children):
+        return cls(children[0], geometry)
+
+    def resolve(self) -> jax.Array:
+        """The view's value (traced inside the consumer's executable)."""
+        return read_view(self.buffer, *self.geometry)
 
 
 def _storage_elements(t: torch.Tensor) -> int:
@@ -102,32 +130,33 @@ def _memory_order(size, stride):
 
 
 @functools.lru_cache(4096)
-def _reader(size, stride, offset, buf_shape, buf_dtype, dtype):
+def _reader(geometry: tuple):
     """jit(buffer -> the view's value) for one geometry."""
+    return jax.jit(lambda buf: read_view(buf, *geometry))
+
+
+def read_view(buf, size, stride, offset, dtype):
+    """The value of the view (size, stride, offset, dtype) of a storage buffer."""
+    flat = _flat_as(buf, dtype)
     dims = _memory_order(size, stride)
-
-    def read_view(buf):
-        flat = _flat_as(buf, dtype)
-        if dims is None:  # overlapping windows: gather
-            return flat[_element_indices(size, stride, offset)]
-        if not dims:
-            x = flat[offset]
-        else:
-            _, n0, s0 = dims[0]
-            end = offset + n0 * s0
-            if end > flat.shape[0]:  # the last row's padding runs past the buffer
-                flat = jnp.pad(flat, (0, end - flat.shape[0]))
-            x = flat[offset:end].reshape(n0, s0)
-            for _, n, s in dims[1:]:
-                x = x[..., : n * s].reshape(*x.shape[:-1], n, s)
-            x = x[..., 0]
-            logical = [d for d, _, _ in dims]
-            x = jnp.transpose(x, np.argsort(logical)) if logical != sorted(logical) else x
-        kept = {d for d, _, _ in dims}
-        x = x.reshape([size[d] if d in kept else 1 for d in range(len(size))])
-        return jnp.broadcast_to(x, size)
-
-    return jax.jit(read_view)
+    if dims is None:  # overlapping windows: gather
+        return flat[_element_indices(size, stride, offset)]
+    if not dims:
+        x = flat[offset]
+    else:  # slice the outermost span, then peel each inner dimension off by reshape + slice
+        _, n0, s0 = dims[0]
+        end = offset + n0 * s0
+        if end > flat.shape[0]:  # the last row's padding runs past the buffer
+            flat = jnp.pad(flat, (0, end - flat.shape[0]))
+        x = flat[offset:end].reshape(n0, s0)
+        for _, n, s in dims[1:]:
+            x = x[..., : n * s].reshape(*x.shape[:-1], n, s)
+        x = x[..., 0]
+        logical = [d for d, _, _ in dims]
+        x = jnp.transpose(x, np.argsort(logical)) if logical != sorted(logical) else x
+    kept = {d for d, _, _ in dims}
+    x = x.reshape([size[d] if d in kept else 1 for d in range(len(size))])
+    return jnp.broadcast_to(x, size)
 
 
 def _is_contiguous(size, stride) -> bool:

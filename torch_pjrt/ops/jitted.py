@@ -21,7 +21,21 @@ def static_positions(lowering: Lowering, sig: Signature) -> tuple:
     )
 
 
+def resolve_views(values) -> list:
+    """Tensor operands may arrive as storage views (storage.StridedView): read them here,
+    inside the executable, so a view costs no executable of its own."""
+    out = []
+    for v in values:
+        if hasattr(v, "resolve"):
+            v = v.resolve()
+        elif type(v) is list:
+            v = [x.resolve() if hasattr(x, "resolve") else x for x in v]
+        out.append(v)
+    return out
+
+
 def call_lowering(lowering: Lowering, sig: Signature, *values):
+    values = resolve_views(values)
     pos, kw = sig.split(list(values[: len(sig.names)]))
     if len(values) > len(sig.names):  # the seed of a random op whose schema has no generator
         kw["generator"] = values[-1]

@@ -1,0 +1,69 @@
+"""Eager per-op overhead: pjrt beside torch CPU and a raw jax.jit call, in one run.
+
+    python benchmarks/eager_micro.py            # prints a markdown table
+Each number is the best of 5 repetitions of N calls, in microseconds per call.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
+
+import jax  # noqa: E402
+import torch  # noqa: E402
+
+import torch_pjrt  # noqa: E402,F401
+from torch_pjrt import storage  # noqa: E402
+
+
+def per_call_us(fn, n: int = 2000, reps: int = 5) -> float:
+    for _ in range(200):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - start) / n * 1e6)
+    return best
+
+
+def import_seconds(autoload: bool, runs: int = 5) -> float:
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1" if autoload else "0"}
+    code = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    return min(float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout) for _ in range(runs))
+
+
+def main() -> None:
+    a_cpu, b_cpu = torch.randn(16, 16), torch.randn(16, 16)
+    a, b = a_cpu.to("pjrt"), b_cpu.to("pjrt")
+    ja, jb = storage.read(a), storage.read(b)
+    jadd = jax.jit(lambda x, y: x + y)
+    jadd_t = jax.jit(lambda x, y: x.T + y)
+    rows = [
+        ("16x16 add", per_call_us(lambda: a_cpu + b_cpu), per_call_us(lambda: a + b),
+         per_call_us(lambda: jadd(ja, jb))),
+        ("16x16 add through a.t()", per_call_us(lambda: a_cpu.t() + b_cpu), per_call_us(lambda: a.t() + b),
+         per_call_us(lambda: jadd_t(ja, jb))),
+        ("torch.empty(16, 16)", per_call_us(lambda: torch.empty(16, 16)),
+         per_call_us(lambda: torch.empty(16, 16, device="pjrt")), None),
+        ("copy 16x16 to CPU", per_call_us(lambda: a_cpu.clone()), per_call_us(lambda: a.cpu(), 1000),
+         per_call_us(lambda: jax.device_get(ja), 1000)),
+    ]
+    print("| op | torch CPU (us) | pjrt (us) | raw jax.jit (us) | pjrt / jax.jit |")
+    print("|---|---|---|---|---|")
+    for name, cpu, pjrt, raw in rows:
+        ratio = f"{pjrt / raw:.2f}x" if raw else "-"
+        raw_text = f"{raw:.1f}" if raw else "-"
+        print(f"| {name} | {cpu:.1f} | {pjrt:.1f} | {raw_text} | {ratio} |")
+    with_autoload, without = import_seconds(True), import_seconds(False)
+    print(f"\n`import torch`: {without:.2f} s without autoload, {with_autoload:.2f} s with torch-pjrt autoloaded "
+          f"(+{with_autoload - without:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
