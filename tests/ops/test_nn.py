@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from tests.ops.harness import check
+from tests.ops.harness import check, device_available, run_lowering
+
+DEVICE = "pjrt" if device_available() else "cpu"
 
 aten = torch.ops.aten
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -171,14 +173,31 @@ def test_layer_norm_autograd_matches_cpu():
     torch.testing.assert_close(tuple(got), expected, atol=1e-4, rtol=1e-4)
 
 
+def check_lowering(op, *args, **kwargs):
+    """The lowering itself against CPU, also where eager pjrt runs torch's decomposition of op."""
+    tols = {k: kwargs.pop(k) for k in ("atol", "rtol") if k in kwargs}
+    expected = op(*args, **kwargs)
+    actual = run_lowering(op, *args, **kwargs)
+    torch.testing.assert_close(actual, expected, **tols)
+    return actual
+
+
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 4)])
 def test_batch_norm(training, shape):
     x = r(*shape) * 2 + 0.5
     w, b = r(3, seed=1), r(3, seed=2)
     rm, rv = r(3, seed=3), r(3, seed=4).abs() + 0.5
-    out, save_mean, save_invstd = check(aten.native_batch_norm.default, x, w, b, rm, rv, training, 0.1, 1e-5, **TOL)
-    check(aten.native_batch_norm.default, x, None, None, rm, rv, training, 0.1, 1e-5, **TOL)
+    # eager pjrt runs torch's own decomposition of native_batch_norm (it returns (C,)
+    # save_mean/save_invstd in eval mode where CPU returns (0,)), so the tuple is checked
+    # on the lowering and the normalised output on the device
+    out, save_mean, save_invstd = check_lowering(aten.native_batch_norm.default, x, w, b, rm, rv, training, 0.1,
+                                                 1e-5, **TOL)
+    check_lowering(aten.native_batch_norm.default, x, None, None, rm, rv, training, 0.1, 1e-5, **TOL)
+    torch.testing.assert_close(
+        torch.nn.functional.batch_norm(x.to(DEVICE), rm.to(DEVICE), rv.to(DEVICE), w.to(DEVICE), b.to(DEVICE),
+                                       training).cpu(),
+        torch.nn.functional.batch_norm(x, rm.clone(), rv.clone(), w, b, training), **TOL)
     g = r(*shape, seed=7)
     check(aten.native_batch_norm_backward.default, g, x, w, rm, rv, save_mean, save_invstd, training, 1e-5,
           [True, True, True], atol=1e-4, rtol=1e-4)
@@ -188,7 +207,7 @@ def test_batch_norm(training, shape):
 
 
 def test_batch_norm_running_stats():
-    from torch_pjrt.ops.nn import RUNNING_STATS_UPDATE  # noqa: F401  (the runtime writes these back)
+    from torch_pjrt.ops.nn import RUNNING_STATS_UPDATE
 
     x = r(6, 3, 2, 2)
     w, b = r(3, seed=1), r(3, seed=2)
@@ -199,7 +218,21 @@ def test_batch_norm_running_stats():
     aten._native_batch_norm_legit(x, w, b, rm2, rv2, True, 0.1, 1e-5)
     torch.testing.assert_close(out[3], rm2, **TOL)
     torch.testing.assert_close(out[4], rv2, **TOL)
-    check(aten._native_batch_norm_legit.default, x, w, b, rm, rv, True, 0.1, 1e-5, **TOL)
+    new = run_lowering_fn(RUNNING_STATS_UPDATE[aten.native_batch_norm.default], x, w, b, rm, rv, True, 0.1, 1e-5)
+    torch.testing.assert_close(new, (rm2, rv2), **TOL)
+    # eager pjrt: F.batch_norm in training updates the device's running stats in place
+    rm_d, rv_d = rm.to(DEVICE), rv.to(DEVICE)
+    torch.nn.functional.batch_norm(x.to(DEVICE), rm_d, rv_d, w.to(DEVICE), b.to(DEVICE), True, 0.1, 1e-5)
+    torch.testing.assert_close((rm_d.cpu(), rv_d.cpu()), (rm2, rv2), **TOL)
+
+
+def run_lowering_fn(fn, *args):
+    import jax
+
+    from tests.ops.harness import _to_jax, _to_torch
+
+    out = jax.jit(fn, static_argnums=(5, 6, 7))(*[_to_jax(a) for a in args])
+    return tuple(_to_torch(o) for o in out)
 
 
 def test_batch_norm_half():
@@ -427,9 +460,10 @@ def test_multilabel_margin_loss(reduction):
 
 def _run(op, *args):
     """An op that has no CPU kernel: run it on pjrt or through its lowering."""
-    from tests.ops.harness import device_available, run_lowering, run_pjrt
+    from tests.ops.harness import run_pjrt
 
-    return run_pjrt(op, *args)[0] if device_available() else run_lowering(op, *args)
+    with torch.no_grad():  # these ops assert grad mode is off, as autograd calls them
+        return run_pjrt(op, *args)[0] if device_available() else run_lowering(op, *args)
 
 
 @pytest.mark.parametrize("has_bias", [False, True])
@@ -592,3 +626,81 @@ def test_cdist_matmul_path():
     x1, x2 = r(30, 4), r(27, 4, seed=1)
     for mode in (None, 1, 2):
         check(aten._cdist_forward.default, x1, x2, 2.0, mode, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------- end to end on the pjrt device
+
+needs_device = pytest.mark.skipif(not device_available(), reason="the pjrt device runtime is not importable here")
+
+
+def _train(model_fn, data_fn, loss_fn, device, steps=4, opt=torch.optim.Adam):
+    torch.manual_seed(0)
+    model = model_fn().to(device)
+    x, y = (t.to(device) for t in data_fn())
+    optim = opt(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        optim.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optim.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _compare_training(*args, **kwargs):
+    cpu_losses, cpu_state = _train(*args, device="cpu", **kwargs)
+    dev_losses, dev_state = _train(*args, device="pjrt", **kwargs)
+    torch.testing.assert_close(dev_losses, cpu_losses, atol=1e-4, rtol=1e-4)
+    assert cpu_state.keys() == dev_state.keys()
+    for k in cpu_state:
+        torch.testing.assert_close(dev_state[k], cpu_state[k], atol=1e-4, rtol=1e-4, msg=k)
+
+
+@needs_device
+def test_train_tiny_cnn_on_device():
+    nn = torch.nn
+
+    def model():
+        return nn.Sequential(
+            nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 8, 3, stride=2), nn.GroupNorm(2, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(), nn.Dropout(0.0), nn.Linear(8, 5), nn.LogSoftmax(1))
+
+    def data():
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(8, 3, 12, 12, generator=g), torch.randint(0, 5, (8,), generator=g)
+
+    _compare_training(model, data, torch.nn.functional.nll_loss, opt=torch.optim.SGD)
+
+
+@needs_device
+def test_train_tiny_lstm_on_device():
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(4, 8, num_layers=2, batch_first=True)
+            self.norm = nn.LayerNorm(8)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            out, _ = self.lstm(x)
+            return self.head(self.norm(out[:, -1]))
+
+    def data():
+        g = torch.Generator().manual_seed(2)
+        return torch.randn(5, 6, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
+
+    _compare_training(Net, data, torch.nn.functional.cross_entropy)
+
+
+def test_safe_softmax():
+    """scaled_dot_product_attention's math path on pjrt calls _safe_softmax."""
+    x = torch.tensor([[float("-inf")] * 3, [1.0, float("-inf"), 2.0]])
+    out = check(aten._safe_softmax.default, x, 1, **TOL)
+    assert (out[0] == 0).all()
+    check(aten._safe_softmax.default, r(3, 4, 5), -1, **TOL)
+    check(aten._safe_softmax.default, r(3, 4, 5), 0, torch.float64, **TOL)
+    check(aten._safe_softmax.default, r(3, 4, dtype=torch.bfloat16), 1, **tol(torch.bfloat16))

@@ -370,14 +370,10 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
 
 @lowering(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    # NOTE torch's schema hides that training also updates running_mean/running_var in
-    # place; RUNNING_STATS_UPDATE below gives the new values for the runtime to write back.
-    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
-
-
-@lowering(aten._native_batch_norm_legit.default)
-def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    # running_mean/running_var are written (a!) in training: see RUNNING_STATS_UPDATE
+    # torch's schema hides that training also updates running_mean/running_var in place.
+    # Eager pjrt never calls this lowering (torch registers a CompositeImplicitAutograd
+    # decomposition onto _native_batch_norm_legit_functional + copy_, which the runtime
+    # keeps); a consumer that does call it must write back RUNNING_STATS_UPDATE's values.
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 
@@ -400,19 +396,15 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
 
 
 def batch_norm_running_stats(input, weight, bias, running_mean, running_var, training, momentum, eps, *_):
-    """New (running_mean, running_var) after native_batch_norm/_native_batch_norm_legit.
-
-    Both ops update their running statistics in place when training (native_batch_norm's
-    schema does not say so); the runtime writes these values back into those tensors."""
+    """The new (running_mean, running_var) native_batch_norm writes in place when training."""
     _, _, _, new_rm, new_rv = _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return new_rm, new_rv
 
 
-# op -> function of the op's schema-ordered arguments giving the running stats to write back
-RUNNING_STATS_UPDATE = {
-    aten.native_batch_norm.default: batch_norm_running_stats,
-    aten._native_batch_norm_legit.default: batch_norm_running_stats,
-}
+# Not registered: _native_batch_norm_legit.default, whose running stats are (a!) arguments;
+# the table's contract for written arguments is "return self's new value", which does not
+# fit, and _native_batch_norm_legit_functional is its functional form.
+RUNNING_STATS_UPDATE = {aten.native_batch_norm.default: batch_norm_running_stats}
 
 
 @lowering(aten.native_batch_norm_backward.default)
