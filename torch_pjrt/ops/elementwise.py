@@ -65,8 +65,9 @@ def dtype_of(x) -> np.dtype:
     return np.dtype(jnp.result_type(x)) if isinstance(x, (bool, int, float, complex)) else np.dtype(x.dtype)
 
 
-def check_dtype(name: str, dtype, allowed: str):
-    if category(dtype) not in allowed:
+def check_dtype(name: str, dtype, allowed: str, half: bool = True):
+    """Raise torch's error when `dtype` is not in `allowed` (or is a 16-bit float and not `half`)."""
+    if category(dtype) not in allowed or (not half and category(dtype) == "f" and np.dtype(dtype).itemsize == 2):
         raise NotImplementedError(f'"{name}" not implemented for \'{to_torch(dtype)}\'')
 
 
@@ -80,15 +81,15 @@ def dtypes(*operands, kind=DEFAULT):
     return common, compute, result
 
 
-def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=()):
+def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=(), half=True):
     """Promote `operands` (None passes through), run `math(*operands, *scalars)` in the
     computation dtype, cast to the result dtype. `scalars` take no part in promotion
     (alpha, value, thresholds) and are cast to the computation dtype, like torch's opmath.
     """
     common, compute, result = dtypes(*operands, kind=kind)
     if name is not None:
-        check_dtype(name, common, allowed)
-    xs = [None if x is None else cast(cast(x, common), compute) for x in operands]
+        check_dtype(name, common, allowed, half)
+    xs = [None if x is None else _to_compute(x, common, compute) for x in operands]
     present = [i for i, x in enumerate(xs) if x is not None]
     for i, x in zip(present, jnp.broadcast_arrays(*(xs[i] for i in present))):  # lax ops need equal shapes
         xs[i] = x
@@ -96,12 +97,22 @@ def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=())
     return cast(math(*xs, *ss), result)
 
 
-def define(name, math, *, kind=DEFAULT, allowed=ALL, ops=None):
+def _to_compute(x, common, compute):
+    y = cast(cast(x, common), compute)
+    if dtype_of(x) == np.bool_ and category(compute) in "fc" and not isinstance(x, bool):
+        # XLA's simplifier rewrites convert(pred) * y and convert(pred) / y as select(pred, ., 0),
+        # which loses False * inf = NaN and False / 0 = NaN; the barrier keeps the arithmetic.
+        y = lax.optimization_barrier(y)
+    return y
+
+
+def define(name, math, *, kind=DEFAULT, allowed=ALL, ops=None, half=True):
     """Register `math` as the lowering of `ops` (default aten.<name>.default); returns the
-    lowering, a function named after the op taking the op's tensor/Scalar operands."""
+    lowering, a function named after the op taking the op's tensor/Scalar operands.
+    `allowed`: the dtype categories torch has kernels for; half=False: none for float16/bfloat16."""
 
     def fn(*operands):
-        return pointwise(math, *operands, kind=kind, name=name, allowed=allowed)
+        return pointwise(math, *operands, kind=kind, name=name, allowed=allowed, half=half)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"aten.{name}: elementwise, {kind.name} promotion."
@@ -121,54 +132,62 @@ def _is_float(x) -> bool:
     return category(x.dtype) in "fc"
 
 
-def _check_alpha(name, common, alpha, what="alpha"):
-    """torch's alpha_check: no float alpha for integral tensors, bool alpha only for bool."""
+def _check_alpha(common, alpha):
+    """torch's alpha_check: a bool alpha only for bool results, no float alpha for integral ones."""
     c, a = category(common), category(dtype_of(alpha))
-    if c == "b" and a != "b":
-        raise RuntimeError(f"{name}: Boolean {what} only supported for Boolean results.")
+    if a == "b" and c != "b":
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
     if c in "bui" and a in "fc":
-        raise RuntimeError(f"{name}: For integral input tensors, argument {what} must not be a floating point number.")
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
 
 
 # ---------------------------------------------------------------------------------------
 # binary arithmetic
 
 
+def _scaled(b, alpha, common):
+    """alpha * b as torch's CPU kernels round it: in the tensor dtype for 16-bit floats."""
+    prod = b * alpha
+    if category(common) == "f" and np.dtype(common).itemsize == 2:
+        prod = cast(cast(prod, common), prod.dtype)
+    return prod
+
+
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(self, other, alpha=1):
     common = dtypes(self, other)[0]
-    _check_alpha("add", common, alpha)
+    _check_alpha(common, alpha)
 
     def math(a, b, alpha):
         if a.dtype == np.bool_:
             return a | (b & alpha)
-        return a + b * alpha
+        return a + _scaled(b, alpha, common)
 
     return pointwise(math, self, other, scalars=(alpha,))
 
 
-def _no_bool_subtraction(common):
-    if category(common) == "b":
+def _no_bool_subtraction(*operands):
+    if np.dtype(np.bool_) in [dtype_of(x) for x in operands]:
         raise RuntimeError(
-            "Subtraction, the `-` operator, with two bool tensors is not supported. "
-            "Use the `^` or `logical_xor()` operator instead."
+            "Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
         )
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self, other, alpha=1):
     common = dtypes(self, other)[0]
-    _no_bool_subtraction(common)
-    _check_alpha("sub", common, alpha)
-    return pointwise(lambda a, b, alpha: a - b * alpha, self, other, scalars=(alpha,))
+    _no_bool_subtraction(self, other)
+    _check_alpha(common, alpha)
+    return pointwise(lambda a, b, alpha: a - _scaled(b, alpha, common), self, other, scalars=(alpha,))
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self, other, alpha=1):
     common = dtypes(self, other)[0]
-    _no_bool_subtraction(common)
-    _check_alpha("rsub", common, alpha)
-    return pointwise(lambda a, b, alpha: b - a * alpha, self, other, scalars=(alpha,))
+    _no_bool_subtraction(self, other)
+    _check_alpha(common, alpha)
+    return pointwise(lambda a, b, alpha: b - _scaled(a, alpha, common), self, other, scalars=(alpha,))
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
@@ -237,7 +256,7 @@ def _int_pow(base, exp):
 
     e = jnp.where(exp < 0, jnp.zeros((), exp.dtype), exp)
     acc, _, _ = lax.while_loop(lambda s: jnp.any(s[2] > 0), body, (jnp.ones_like(base), base, e))
-    negative = jnp.where(base == one, one, jnp.where(base == -one, jnp.where(lax.rem(exp, 2) == 0, one, -one), 0))
+    negative = jnp.where(base == one, one, jnp.where(base == -one, jnp.where((exp & 1) == 0, one, -one), 0))
     return jnp.where(exp < 0, negative, acc)
 
 
@@ -249,14 +268,45 @@ def _is_scalar(x) -> bool:
     return isinstance(x, (bool, int, float, complex)) or bool(getattr(x, "weak_type", False))
 
 
-@lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+@lowering(aten.pow.Tensor_Tensor)
 def pow(self, exponent):
-    if not _is_scalar(self) and not _is_scalar(exponent):
-        check_dtype("pow", dtypes(self, exponent)[0], "uifc")  # bool ** bool tensors: unsupported
-    out = pointwise(_pow, self, exponent, kind=BOOL_TO_LONG)
-    if _is_scalar(self):  # pow.Scalar: torch gives ones for base 1, even for a NaN exponent
-        out = jnp.where(self == 1, jnp.ones((), out.dtype), out)
-    return out
+    return pointwise(_pow, self, exponent, name="pow", allowed="uifc")
+
+
+def _pow_by_scalar(x, e, static_e):
+    """torch's pow_tensor_scalar kernel: exponents 0.5, -0.5, -1 (and 2, 3, -2 for real
+    floats) take dedicated paths, so pow(-0., .5) = -0. and pow(-inf, .5) = NaN as in sqrt."""
+    special = [(0.5, jnp.sqrt), (-0.5, lax.rsqrt), (-1, lambda v: 1 / v)]
+    if category(x.dtype) == "f":
+        special += [(2, lambda v: v * v), (3, lambda v: v * v * v), (-2, lambda v: 1 / (v * v))]
+    if static_e is not None:  # a constant exponent (compile path): choose while tracing
+        for v, f in special:
+            if static_e == v:
+                return f(x)
+        return lax.pow(x, jnp.broadcast_to(e, x.shape))
+    index = sum(jnp.where(e == v, i + 1, 0) for i, (v, _) in enumerate(special))
+    branches = [lambda x, e: lax.pow(x, jnp.broadcast_to(e, x.shape))] + [lambda x, e, f=f: f(x) for _, f in special]
+    return lax.switch(index, branches, x, e)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def pow_Tensor_Scalar(self, exponent):
+    common, compute, result = dtypes(self, exponent)
+    x, e = _to_compute(self, common, compute), _to_compute(exponent, common, compute)
+    if x.dtype == np.bool_:  # bool tensor ** bool Scalar stays bool
+        return x | ~e
+    if not _is_float(x):
+        return cast(_int_pow(x, e), result)
+    if np.dtype(common) == np.float16:  # torch's float16 kernel is plain std::pow
+        return cast(lax.pow(x, jnp.broadcast_to(e, x.shape)), result)
+    static_e = exponent if isinstance(exponent, (bool, int, float)) else None
+    return cast(_pow_by_scalar(x, e, static_e), result)
+
+
+@lowering(aten.pow.Scalar)
+def pow_Scalar(self, exponent):
+    out = pointwise(_pow, self, exponent, name="pow", allowed="uifc")
+    return jnp.where(self == 1, jnp.ones((), out.dtype), out)  # torch: ones for base 1, even for NaN
 
 
 atan2 = define("atan2", jnp.arctan2, kind=INT_TO_FLOAT, allowed="buif")
@@ -267,7 +317,21 @@ fmax = define("fmax", jnp.fmax, allowed="buif")
 fmin = define("fmin", jnp.fmin, allowed="buif")
 copysign = define("copysign", jnp.copysign, kind=INT_TO_FLOAT, allowed="buif",
                   ops=(aten.copysign.Tensor, aten.copysign.Scalar))
-nextafter = define("nextafter", lax.nextafter, allowed="f")
+
+
+def _nextafter(a, b):
+    if a.dtype.itemsize >= 4:
+        return lax.nextafter(a, b)
+    # 16-bit floats (XLA computes them through float32): step the bit pattern
+    bits = lax.bitcast_convert_type(a, np.uint16)
+    step = jnp.where((b > a) == (a > 0), np.uint16(1), np.uint16(0xFFFF))  # +1 away from zero, -1 toward
+    smallest = jnp.where(jnp.signbit(b), np.uint16(0x8001), np.uint16(1))  # from zero: +-smallest subnormal
+    out = lax.bitcast_convert_type(jnp.where(a == 0, smallest, bits + step), a.dtype)
+    out = jnp.where(a == b, b, out)
+    return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, out)
+
+
+nextafter = define("nextafter", _nextafter, kind=KIND.NO_OPMATH, allowed="f")
 
 
 def _xlogy(x, y):
@@ -284,8 +348,17 @@ special_xlog1py = define(
     "special_xlog1py", _xlog1py, kind=INT_TO_FLOAT, allowed="buif",
     ops=(aten.special_xlog1py.default, aten.special_xlog1py.other_scalar, aten.special_xlog1py.self_scalar),
 )
+
+
+def _zeta(x, q):
+    # cephes, as torch: x == 1 is a pole, x < 1 a domain error, q = 0, -1, -2, ... poles
+    inf, nan = jnp.full((), jnp.inf, x.dtype), jnp.full((), jnp.nan, x.dtype)
+    out = jnp.where((q <= 0) & (q == jnp.floor(q)), inf, jsp.zeta(x, q))
+    return jnp.where(x == 1, inf, jnp.where(x < 1, nan, out))
+
+
 special_zeta = define(
-    "special_zeta", jsp.zeta, kind=INT_TO_FLOAT, allowed="buif",
+    "special_zeta", _zeta, kind=INT_TO_FLOAT, allowed="buif", half=False,
     ops=(aten.special_zeta.default, aten.special_zeta.other_scalar, aten.special_zeta.self_scalar),
 )
 
@@ -297,7 +370,17 @@ def _logaddexp(a, b, log1p_exp=lambda d: jnp.log1p(jnp.exp(d))):
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
 
 
-logaddexp = define("logaddexp", _logaddexp, allowed="f")
+
+
+def _logaddexp_any(a, b):
+    if category(a.dtype) != "c":
+        return _logaddexp(a, b)
+    big = jnp.where(jnp.real(a) >= jnp.real(b), a, b)
+    small = jnp.where(jnp.real(a) >= jnp.real(b), b, a)
+    return big + jnp.log1p(jnp.exp(small - big))
+
+
+logaddexp = define("logaddexp", _logaddexp_any, allowed="fc")
 logaddexp2 = define(
     "logaddexp2", lambda a, b: _logaddexp(a, b, lambda d: jnp.log1p(jnp.exp2(d)) / _m.log(2)), allowed="f"
 )
@@ -326,8 +409,6 @@ def lerp(self, end, weight):
 
 @lowering(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, *, value=1):
-    common = dtypes(self, tensor1, tensor2)[0]
-    _check_alpha("addcmul", common, value, "value")
     return pointwise(lambda s, a, b, v: s + v * a * b, self, tensor1, tensor2,
                      name="addcmul", allowed="uifc", scalars=(value,))
 
@@ -354,20 +435,42 @@ def _clamp(x, lo, hi):
     return x
 
 
-@lowering(aten.clamp.default, aten.clamp.Tensor)
-def clamp(self, min=None, max=None):
-    if min is None and max is None:
-        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
-    return pointwise(_clamp, self, min, max, name="clamp", allowed="buif")
+# torch clamps bool tensors by bool tensors, but has no bool kernel for Scalar bounds
 
 
-@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_lowering(name, allowed):
+    def fn(self, min=None, max=None):
+        if min is None and max is None:
+            raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+        # torch's two-sided clamp kernel has no bool version (one-sided ones do)
+        ok = allowed if (min is None or max is None) else allowed.replace("b", "")
+        return pointwise(_clamp, self, min, max, name="clamp", allowed=ok)
+
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+clamp = lowering(aten.clamp.default)(_clamp_lowering("clamp", "uif"))
+clamp_Tensor = lowering(aten.clamp.Tensor)(_clamp_lowering("clamp_Tensor", "buif"))
+
+
+@lowering(aten.clamp_min.default)
 def clamp_min(self, min):
+    return pointwise(lambda x, lo: _clamp(x, lo, None), self, min, name="clamp_min", allowed="uif")
+
+
+@lowering(aten.clamp_min.Tensor)
+def clamp_min_Tensor(self, min):
     return pointwise(lambda x, lo: _clamp(x, lo, None), self, min, name="clamp_min", allowed="buif")
 
 
-@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+@lowering(aten.clamp_max.default)
 def clamp_max(self, max):
+    return pointwise(lambda x, hi: _clamp(x, None, hi), self, max, name="clamp_max", allowed="uif")
+
+
+@lowering(aten.clamp_max.Tensor)
+def clamp_max_Tensor(self, max):
     return pointwise(lambda x, hi: _clamp(x, None, hi), self, max, name="clamp_max", allowed="buif")
 
 
@@ -541,6 +644,7 @@ def _entr(x):
     return jnp.where(jnp.isnan(x), x, out)
 
 
+_NO_HALF = {"special_ndtri", "special_erfcx", "special_log_ndtr"}  # torch: float32/float64 only
 _FLOAT_UNARY = {  # name: (math, dtype categories torch allows)
     "reciprocal": (lambda x: 1 / x, ALL),
     "sqrt": (jnp.sqrt, ALL),
@@ -583,7 +687,7 @@ _FLOAT_UNARY = {  # name: (math, dtype categories torch allows)
     "rad2deg": (lambda x: x * (180 / _m.pi), "buif"),
 }
 for _name, (_math, _allowed) in _FLOAT_UNARY.items():
-    globals()[_name] = define(_name, _math, kind=INT_TO_FLOAT, allowed=_allowed)
+    globals()[_name] = define(_name, _math, kind=INT_TO_FLOAT, allowed=_allowed, half=_name not in _NO_HALF)
 
 # rounding: integers pass through unchanged
 _ROUNDING = {"floor": jnp.floor, "ceil": jnp.ceil, "trunc": jnp.trunc}
@@ -722,7 +826,7 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
             neg = g * input_scale * (y + alpha * scale)
         else:
             neg = g * input_scale * (alpha * scale) * jnp.exp(y * input_scale)
-        return jnp.where(y <= 0, neg, g * scale)
+        return jnp.where(y > 0, g * scale, neg)  # NaN: the negative branch, NaN
 
     return pointwise(math, grad_output, self_or_result, name="elu_backward", allowed="f",
                      scalars=(alpha, scale, input_scale))
@@ -748,14 +852,14 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
 
 hardtanh = activation("hardtanh", _clamp, allowed="if")
 hardtanh_backward = activation(
-    "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x <= lo) | (x >= hi), _zero(g), g))
+    "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)))  # NaN x: 0
 hardsigmoid = activation("hardsigmoid", lambda x: jnp.clip(x + 3, 0, 6) / 6)
 hardsigmoid_backward = activation(
     "hardsigmoid_backward", lambda g, x: jnp.where((x > -3) & (x < 3), g * (1 / 6), _zero(g)))
 hardswish = activation("hardswish", lambda x: x * jnp.clip(x + 3, 0, 6) / 6)
 hardswish_backward = activation(
     "hardswish_backward",
-    lambda g, x: jnp.where(x <= -3, _zero(g), jnp.where(x < 3, g * (x / 3 + 0.5), g)))
+    lambda g, x: jnp.where(x <= -3, _zero(g), jnp.where(x >= 3, g, g * (x / 3 + 0.5))))  # NaN x: NaN
 softplus = activation(
     "softplus", lambda x, beta, th: jnp.where(x * beta > th, x, jnp.log1p(jnp.exp(x * beta)) / beta))
 
@@ -780,7 +884,7 @@ mish_backward = activation("mish_backward", _mish_backward)
 @lowering(aten.threshold.default)
 def threshold(self, threshold, value):
     # torch compares and replaces in self's dtype (the Scalars do not promote)
-    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="uif",
+    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="if",
                      scalars=(threshold, value))
 
 
@@ -803,7 +907,7 @@ def logit_backward(grad_output, self, eps=None):
     def math(g, x):
         lo, hi = (0.0, 1.0) if eps is None else (eps, 1.0 - eps)
         outside = jnp.asarray(jnp.nan if eps is None else 0.0, g.dtype)
-        return jnp.where((x >= lo) & (x <= hi), g / (x * (1 - x)), outside)
+        return jnp.where((x < lo) | (x > hi), outside, g / (x * (1 - x)))  # NaN x: NaN
 
     return pointwise(math, grad_output, self, name="logit_backward", allowed="f")
 
@@ -854,12 +958,12 @@ def glu_backward(grad_output, self, dim):
 hardshrink = activation(
     "hardshrink", lambda x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(x), x))
 hardshrink_backward = activation(
-    "hardshrink_backward", lambda g, x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(g), g))
+    "hardshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)))  # NaN x: 0
 softshrink = activation(
     "softshrink",
     lambda x, lambd: jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)))
 softshrink_backward = activation(
-    "softshrink_backward", lambda g, x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(g), g))
+    "softshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)))  # NaN x: 0
 
 
 @lowering(aten.log_sigmoid_forward.default)
