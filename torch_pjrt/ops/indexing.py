@@ -41,8 +41,8 @@ def put_flat(flat, targets, updates, accumulate: bool):
     accumulate adds every update; otherwise the last update for each target wins, as in
     torch's (serial) CPU kernels, independent of the backend's scatter order.
     """
+    updates = jnp.broadcast_to(updates, targets.shape).reshape(-1).astype(flat.dtype)
     targets = targets.reshape(-1)
-    updates = jnp.broadcast_to(updates, targets.shape).astype(flat.dtype)
     if accumulate:
         if flat.dtype == jnp.bool_:
             return flat.at[targets].max(updates, mode="drop")  # bool add is logical or
@@ -96,12 +96,6 @@ def _index_ints(self, indices):
 def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
-        zero_d_masks = [i for i in indices if _is_mask(i) and i.ndim == 0]
-        if zero_d_masks:  # x[True] / x[False]: a new leading dim of size 1 or 0
-            keep = all(bool(m) for m in zero_d_masks)
-            rest = [i for i in indices if not (_is_mask(i) and i.ndim == 0)]
-            out = index(self, rest) if rest else self
-            return out[None] if keep else out[None][:0]
         indices = expand_masks(self, indices)
     return _index_ints(self, indices)
 
@@ -275,8 +269,8 @@ def _dim_index(self, dim, index):
 @lowering(aten.index_select.default)
 def index_select(self, dim, index):
     dim, idx = _dim_index(self, dim, index)
-    if self.ndim == 0:
-        return jnp.take(self.reshape(1), idx, mode="clip").reshape(index.shape if index.ndim else ())
+    if self.ndim == 0:  # a 0-d self gives a 0-d result
+        return jnp.take(self.reshape(1), idx, mode="clip").reshape(())
     return jnp.take(self, idx, axis=dim, mode="clip")
 
 
@@ -373,7 +367,7 @@ def take(self, index):
 @lowering(aten.put.default)
 def put(self, index, source, accumulate=False):
     targets = wrap_index(index, self.size)
-    return put_flat(self.reshape(-1), targets, source.reshape(-1), accumulate).reshape(self.shape)
+    return put_flat(self.reshape(-1), targets, source.reshape(targets.shape), accumulate).reshape(self.shape)
 
 
 @lowering(aten.nonzero.default, jit=False)
@@ -385,6 +379,8 @@ def nonzero(self):
 
 @lowering(aten.nonzero_static.default)
 def nonzero_static(self, *, size, fill_value=-1):
+    if self.size == 0:  # jnp.nonzero ignores fill_value for an empty input
+        return jnp.full((size, self.ndim), fill_value, INT64)
     x = self.reshape(1) if self.ndim == 0 else self
     coords = jnp.nonzero(x, size=size, fill_value=fill_value)
     out = jnp.stack(coords, axis=1).astype(INT64)

@@ -1,1 +1,339 @@
-"""Lowerings: shape family."""
+"""Lowerings: shape family (concatenation, flips, repeats, pads, copies, factories).
+
+Factories take their dtype from the `dtype` argument or torch's default inference
+(a bool/int/float/complex fill, the default float dtype); the device and layout
+arguments are the runtime's business and are ignored here. linspace/logspace follow
+torch's CPU kernel (its scalar path), which fills the first half from `start` and the
+second half from `end`; for integer outputs with a fractional step, torch's vectorised
+path rounds some elements differently (it depends on the CPU's vector width).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ..dtypes import to_jax
+from . import core
+from .promotion import default_float, promote
+from .registry import lowering
+from .views import wrap_dim
+
+aten = torch.ops.aten
+INT64 = jnp.int64
+
+
+# --------------------------------------------------------------------------- helpers
+def complex_of(real):
+    return {np.dtype(np.float64): np.dtype(np.complex128)}.get(np.dtype(real), np.dtype(np.complex64))
+
+
+def infer_fill_dtype(value):
+    """torch.full's dtype for a fill value when none is given: bool, int64, default float/complex."""
+    kind = np.dtype(jnp.result_type(value)).kind if not isinstance(value, (bool, int, float, complex)) \
+        else {bool: "b", int: "i", float: "f", complex: "c"}[type(value)]
+    if kind == "b":
+        return np.dtype(np.bool_)
+    if kind in "iu":
+        return np.dtype(np.int64)
+    if kind == "c":
+        return complex_of(default_float())
+    return default_float()
+
+
+def convert(x, dtype):
+    """torch's dtype conversion: complex -> real keeps the real part; -> bool is != 0."""
+    dtype = np.dtype(dtype)
+    if np.dtype(x.dtype) == dtype:
+        return x
+    if jnp.iscomplexobj(x) and dtype.kind != "c":
+        x = jnp.real(x)
+    if dtype == np.bool_:
+        return x != 0
+    return jax.lax.convert_element_type(x, dtype)
+
+
+def filled(shape, value, dtype):
+    return jnp.full(tuple(shape), convert(jnp.asarray(value), dtype), dtype)
+
+
+def _dtype_or(dtype, default):
+    return np.dtype(default) if dtype is None else to_jax(dtype)
+
+
+# --------------------------------------------------------------------------- joins
+def _is_legacy_empty(t):
+    return t.ndim == 1 and t.shape[0] == 0
+
+
+@lowering(aten.cat.default)
+def cat(tensors, dim=0):
+    _, dtype = promote(*tensors)
+    kept = [t for t in tensors if not _is_legacy_empty(t)]  # torch skips 1-D empties of any shape
+    if not kept:
+        return jnp.zeros((0,), dtype)
+    dim = wrap_dim(dim, kept[0].ndim)
+    return jnp.concatenate([t.astype(dtype) for t in kept], axis=dim)
+
+
+@lowering(aten.stack.default)
+def stack(tensors, dim=0):
+    _, dtype = promote(*tensors)
+    dim = wrap_dim(dim, tensors[0].ndim + 1)
+    return jnp.stack([t.astype(dtype) for t in tensors], axis=dim)
+
+
+# --------------------------------------------------------------------------- rearrangements
+@lowering(aten.flip.default)
+def flip(self, dims):
+    axes = tuple(wrap_dim(d, self.ndim) for d in dims)
+    if len(set(axes)) != len(axes):
+        raise RuntimeError(f"dims has duplicates, original flip dims size={len(dims)}, but unique flip dims size={len(set(axes))}")
+    return jnp.flip(self, tuple(a for a in axes if a < self.ndim)) if axes and self.ndim else self
+
+
+@lowering(aten.roll.default)
+def roll(self, shifts, dims=()):
+    if not dims:
+        if len(shifts) != 1:
+            raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    if self.ndim == 0:
+        return self
+    return jnp.roll(self, tuple(shifts), tuple(wrap_dim(d, self.ndim) for d in dims))
+
+
+@lowering(aten.repeat.default)
+def repeat(self, repeats):
+    if len(repeats) < self.ndim:
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+@lowering(aten.repeat_interleave.Tensor, jit=False)
+def repeat_interleave(repeats, *, output_size=None):
+    repeats = repeats.reshape(-1).astype(INT64)
+    total = int(jnp.sum(repeats)) if output_size is None else output_size
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=INT64), repeats, total_repeat_length=total)
+
+
+@lowering(aten.repeat_interleave.self_Tensor, jit=False)
+def repeat_interleave_self_tensor(self, repeats, dim=None, *, output_size=None):
+    x, dim = (self.reshape(-1), 0) if dim is None else (self, wrap_dim(dim, self.ndim))
+    x = x.reshape(1) if x.ndim == 0 else x
+    repeats = repeats.reshape(-1).astype(INT64)
+    if repeats.shape[0] == 1:
+        repeats = jnp.broadcast_to(repeats, (x.shape[dim],))
+    total = int(jnp.sum(repeats)) if output_size is None else output_size
+    return jnp.repeat(x, repeats, axis=dim, total_repeat_length=total)
+
+
+@lowering(aten.repeat_interleave.self_int)
+def repeat_interleave_self_int(self, repeats, dim=None, *, output_size=None):
+    x, dim = (self.reshape(-1), 0) if dim is None else (self, wrap_dim(dim, self.ndim))
+    x = x.reshape(1) if x.ndim == 0 else x
+    return jnp.repeat(x, repeats, axis=dim)
+
+
+@lowering(aten.tril.default)
+def tril(self, diagonal=0):
+    if self.ndim < 2:
+        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
+    return jnp.tril(self, diagonal)
+
+
+@lowering(aten.triu.default)
+def triu(self, diagonal=0):
+    if self.ndim < 2:
+        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
+    return jnp.triu(self, diagonal)
+
+
+# --------------------------------------------------------------------------- padding
+def _pad_widths(ndim, pad):
+    """torch's pad list (last dim first, (before, after) pairs) as per-dim (lo, hi)."""
+    if len(pad) % 2:
+        raise RuntimeError("Length of pad must be even but instead it equals " + str(len(pad)))
+    if len(pad) // 2 > ndim:
+        raise RuntimeError(f"Length of pad should be no more than twice the number of dimensions of the input. "
+                           f"Pad length is {len(pad)} while the input has {ndim} dimensions.")
+    widths = [(0, 0)] * ndim
+    for i in range(len(pad) // 2):
+        widths[ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return widths
+
+
+@lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    cfg = [(lo, hi, 0) for lo, hi in _pad_widths(self.ndim, pad)]  # negative pads crop
+    return jax.lax.pad(self, convert(jnp.asarray(value), self.dtype), cfg)
+
+
+def _pad_fn(mode, nd):
+    def pad(x, padding):
+        if x.ndim not in (nd + 1, nd + 2):
+            raise RuntimeError(f"Expected {nd + 1}D or {nd + 2}D (batch mode) tensor with possibly 0 batch size "
+                               f"and other non-zero dimensions for input, but got: {list(x.shape)}")
+        return jnp.pad(x, _pad_widths(x.ndim, padding), mode=mode)
+
+    return pad
+
+
+def _register_pad(name, mode, nd):
+    fwd_op, bwd_op = getattr(aten, name).default, getattr(aten, name + "_backward").default
+    pad = _pad_fn(mode, nd)
+
+    def forward(self, padding):
+        return pad(self, padding)
+
+    def backward(grad_output, self, padding):
+        _, vjp = jax.vjp(lambda x: pad(x, padding), self)
+        return vjp(grad_output.astype(self.dtype))[0]
+
+    forward.__name__ = forward.__qualname__ = name
+    backward.__name__ = backward.__qualname__ = name + "_backward"
+    return lowering(fwd_op)(forward), lowering(bwd_op)(backward)
+
+
+reflection_pad1d, reflection_pad1d_backward = _register_pad("reflection_pad1d", "reflect", 1)
+reflection_pad2d, reflection_pad2d_backward = _register_pad("reflection_pad2d", "reflect", 2)
+reflection_pad3d, reflection_pad3d_backward = _register_pad("reflection_pad3d", "reflect", 3)
+replication_pad1d, replication_pad1d_backward = _register_pad("replication_pad1d", "edge", 1)
+replication_pad2d, replication_pad2d_backward = _register_pad("replication_pad2d", "edge", 2)
+replication_pad3d, replication_pad3d_backward = _register_pad("replication_pad3d", "edge", 3)
+
+
+# --------------------------------------------------------------------------- copies
+@lowering(aten.clone.default)
+def clone(self, *, memory_format=None):
+    return self  # buffers are immutable: a clone is the same values
+
+
+@lowering(aten.contiguous.default)
+def contiguous(self, *, memory_format=torch.contiguous_format):
+    return self
+
+
+@lowering(aten._to_copy.default)
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    return self if dtype is None else convert(self, to_jax(dtype))
+
+
+# --------------------------------------------------------------------------- fills and factories
+# fill.Scalar / fill.Tensor / zero are elementwise's lowerings.
+
+
+@lowering(aten.zeros_like.default, aten.empty_like.default)
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(self.shape, _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.ones_like.default)
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.ones(self.shape, _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.full_like.default)
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return filled(self.shape, fill_value, _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.full.default)
+def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return filled(size, fill_value, _dtype_or(dtype, infer_fill_dtype(fill_value)))
+
+
+@lowering(aten.scalar_tensor.default)
+def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return filled((), s, _dtype_or(dtype, default_float()))
+
+
+@lowering(aten.new_zeros.default, aten.new_empty.default)
+def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.new_empty_strided.default)
+def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.new_ones.default)
+def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.ones(tuple(size), _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.new_full.default)
+def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return filled(size, fill_value, _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.eye.default)
+def eye(n, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, dtype=_dtype_or(dtype, default_float()))
+
+
+@lowering(aten.eye.m)
+def eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.eye(n, m, dtype=_dtype_or(dtype, default_float()))
+
+
+# arange.start_step is core.py's lowering; the shorter overloads reuse it.
+@lowering(aten.arange.default, static=("end",))
+def arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return core.arange(0, end, 1, dtype=dtype)
+
+
+@lowering(aten.arange.start, static=("start", "end"))
+def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return core.arange(start, end, 1, dtype=dtype)
+
+
+def _linspace_exponents(start, end, steps, dtype):
+    """torch's CPU linspace in its step type (the dtype for floats, double for integers)."""
+    if steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    step_dt = np.dtype(np.float64) if np.dtype(dtype).kind in "iub" else np.dtype(dtype)
+    # torch first converts start and end to the output dtype (an int output truncates them)
+    start = convert(convert(jnp.asarray(start).reshape(()), dtype), step_dt)
+    end = convert(convert(jnp.asarray(end).reshape(()), dtype), step_dt)
+    if steps <= 1:
+        return jnp.broadcast_to(start, (steps,)), step_dt
+    step = (end - start) / (steps - 1)
+    i = jnp.arange(steps, dtype=INT64)
+    lo = start + step * i.astype(step_dt)
+    hi = end - step * (steps - 1 - i).astype(step_dt)
+    return jnp.where(i < steps // 2, lo, hi), step_dt
+
+
+def _range_dtype(dtype, *values):
+    if dtype is not None:
+        return to_jax(dtype)
+    if any(jnp.iscomplexobj(v) for v in values):
+        return complex_of(default_float())
+    return default_float()
+
+
+def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
+    dt = _range_dtype(dtype, start, end)
+    values, _ = _linspace_exponents(start, end, steps, dt)
+    return convert(values, dt)
+
+
+def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    dt = _range_dtype(dtype, start, end)
+    exps, step_dt = _linspace_exponents(start, end, steps, dt)
+    wide = np.dtype(np.complex128) if np.dtype(step_dt).kind == "c" else np.dtype(np.float64)
+    return convert(jnp.power(jnp.asarray(base, wide), exps.astype(wide)), dt)  # pow in double, as torch
+
+
+for _op in (aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor):
+    lowering(_op)(linspace)
+for _op in (aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
+    lowering(_op)(logspace)
