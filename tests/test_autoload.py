@@ -32,3 +32,18 @@ def test_runtime_is_cached_between_processes():
 
     info = _runtime.build_info()
     assert info["built"] and os.path.isdir(info["cache_dir"])
+
+
+def test_build_failure_names_what_is_missing(tmp_path):
+    r = run("import torch_pjrt", TORCH_DEVICE_BACKEND_AUTOLOAD="0", CXX="no-such-compiler",
+            TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    assert r.returncode != 0
+    assert "RuntimeBuildError" in r.stderr and "needs a C++ compiler" in r.stderr and "apt-get install g++" in r.stderr
+
+
+def test_failed_autoload_does_not_break_import_torch(tmp_path):
+    r = run("import torch; print(torch.ones(2).sum().item(), hasattr(torch, 'pjrt'))", CXX="no-such-compiler",
+            TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2.0", "False"]
+    assert "the pjrt device is unavailable" in r.stderr and "torch-pjrt doctor" in r.stderr

@@ -66,12 +66,13 @@ def _load_built(path: Path):
 
 def _build(build_dir: Path):
     try:
-        import ninja  # noqa: F401  (the PyPI package puts the binary on PATH for this interpreter)
+        import ninja  # the PyPI package carries the binary; put it on PATH for this process
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         from torch.utils.cpp_extension import load, verify_ninja_availability
 
-        os.environ["PATH"] = os.path.dirname(ninja.BIN_DIR if hasattr(ninja, "BIN_DIR") else "") + os.pathsep + os.environ["PATH"]
         verify_ninja_availability()
-    except (ImportError, RuntimeError) as e:
+    except (ImportError, AttributeError, RuntimeError) as e:
         raise RuntimeBuildError(
             f"torch-pjrt builds a small C++ runtime on first import and needs ninja ({e}). "
             f"Install it with: pip install ninja"

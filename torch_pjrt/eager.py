@@ -202,6 +202,43 @@ class InplaceKernel:
         return target
 
 
+class MutatingKernel:
+    """A lowering registered directly on an op that writes arguments (random `op_`s,
+    batch norm's running statistics). Per registry.py it returns the written arguments'
+    new values in schema order, then the op's fresh outputs."""
+
+    def __init__(self, lowering: Lowering):
+        self.kernel = Kernel(lowering)
+        self.op = lowering.op
+        sig = self.kernel.sig
+        self.written = sig.written
+        aliases = {next(iter(a.alias_info.before_set)): i  # alias set name ("a") -> argument index
+                   for i, a in enumerate(lowering.op._schema.arguments) if i in sig.written}
+        fresh = 0
+        self.returns = []  # ("arg", index) for a return that is a written argument, ("new", k) otherwise
+        for r in lowering.op._schema.returns:
+            if r.alias_info is not None and r.alias_info.is_write:
+                self.returns.append(("arg", aliases[next(iter(r.alias_info.before_set))]))
+            else:
+                self.returns.append(("new", fresh))
+                fresh += 1
+        self.single = len(self.written) == 1 and fresh == 0
+
+    def __call__(self, *args, **kwargs):
+        result, device = self.kernel.compute(args, kwargs)
+        values = self.kernel.sig.bind(args, kwargs)
+        results = [result] if self.single else list(result)
+        for i, new in zip(self.written, results):
+            if isinstance(values[i], (list, tuple)):
+                for t, v in zip(values[i], new):
+                    _store(self.op, t, v, resize=False)
+            else:
+                _store(self.op, values[i], new, resize=False)
+        fresh = results[len(self.written):]
+        out = [values[i] if kind == "arg" else _wrap(fresh[i], device) for kind, i in self.returns]
+        return None if not out else out[0] if len(out) == 1 else tuple(out)
+
+
 class OutKernel:
     """`op.out` from the functional `op`: compute, then resize and write the out tensors."""
 
@@ -272,9 +309,9 @@ def register(special: dict) -> None:
         for out in outs:
             if not _composite_implicit(out):
                 kernels[out] = OutKernel(out, functional)
-    for op, lowering in LOWERINGS.items():  # lowerings registered on in-place overloads return self's new value
+    for op, lowering in LOWERINGS.items():  # lowerings registered on ops that write their arguments
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
-            kernels[op] = InplaceKernel(op, Kernel(lowering))
+            kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
     for op, kernel in kernels.items():
         _library.impl(_name(op), kernel, "PrivateUse1")

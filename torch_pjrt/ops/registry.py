@@ -12,7 +12,11 @@ Random ops take their randomness from a `generator` argument that arrives as a t
 64-bit seed drawn from the torch generator (ops.random.key turns it into a JAX key).
 It returns a jax array, or a tuple of them for multi-output ops, with exactly the dtype
 and shape PyTorch gives (use `ops.promotion` for dtypes). In-place (`op_`) and `out=`
-overloads are derived from the functional lowering; do not register them.
+overloads are derived from the functional lowering; do not register them. Where an op
+writes its arguments and has no functional form (random `op_`s, batch norm's running
+statistics), register the lowering on that op: it returns the written arguments' new
+values in schema order (just the array when only `self` is written), then the op's other
+outputs.
 
 The table has consumers (eager kernels, the torch.compile interpreter, custom kernels)
 and knows nothing of them.
