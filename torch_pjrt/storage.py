@@ -23,15 +23,12 @@ import torch
 
 from . import platform
 from ._runtime import load as _load_runtime
-from .dtypes import TORCH_TO_JAX, to_jax, to_torch
+from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
 
 _rt = _load_runtime()
+_rt.set_dtype_map(JAX_TO_TORCH)
 whole_buffer = _rt.whole_buffer  # tensor -> its buffer when it is exactly the buffer, else None
-
-
-def wrap(array: jax.Array, device: int) -> torch.Tensor:
-    """A new contiguous pjrt tensor on `device` that owns `array`."""
-    return _rt.wrap(array, array.shape, to_torch(array.dtype), device)
+wrap = _rt.wrap_array  # (jax array, device index) -> a new contiguous pjrt tensor owning the array
 
 
 # ---------------------------------------------------------------------------------

@@ -530,6 +530,21 @@ at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtyp
   return t;
 }
 
+// JAX dtype -> torch dtype, given once by Python (the one mapping lives in dtypes.py).
+static PyObject* g_torch_dtypes = nullptr;
+
+void set_dtype_map(py::dict jax_to_torch) {
+  Py_XDECREF(g_torch_dtypes);
+  g_torch_dtypes = jax_to_torch.release().ptr();
+}
+
+// wrap() for a JAX array, reading its shape and dtype here: the eager hot path.
+at::Tensor wrap_array(py::object array, c10::DeviceIndex device) {
+  auto shape = array.attr("shape").cast<std::vector<int64_t>>();
+  auto dtype = py::reinterpret_borrow<py::dict>(g_torch_dtypes)[array.attr("dtype")].cast<c10::ScalarType>();
+  return wrap(std::move(array), std::move(shape), dtype, device);
+}
+
 int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
 
 // 64 random bits from a pjrt generator (the default one of `device` when None).
@@ -581,6 +596,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("buffer", &tp::buffer);
   m.def("set_buffer", &tp::set_buffer);
   m.def("wrap", &tp::wrap);
+  m.def("wrap_array", &tp::wrap_array);
+  m.def("set_dtype_map", &tp::set_dtype_map);
   m.def("storage_nbytes", &tp::storage_nbytes);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });
