@@ -1,0 +1,286 @@
+"""torch.compile(backend="pjrt") against eager CPU torch (the reference).
+
+Every test asserts the backend's own counters (graphs handed to it, XLA executables it
+built, executions), so a backend that silently ran the graphs eagerly would fail.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt.compiler as pjrt_compile
+from torch_pjrt.compiler import compile_stats, reset_compile_stats
+
+ATOL = RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    reset_compile_stats()
+    yield
+
+
+def to_pjrt(module):
+    return copy.deepcopy(module).to("pjrt")
+
+
+def close(actual, expected, atol=ATOL, rtol=RTOL):
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), atol=atol, rtol=rtol)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5),
+    )
+
+
+# ------------------------------------------------------------------------- forward/backward
+def test_mlp_forward_and_backward_match_cpu():
+    ref = mlp()
+    model = to_pjrt(ref)
+    compiled = torch.compile(model, backend="pjrt")
+    x, y = torch.randn(4, 6), torch.randn(4, 3)
+    out = compiled(x.to("pjrt"))
+    close(out, ref(x))
+    F.mse_loss(out, y.to("pjrt")).backward()
+    F.mse_loss(ref(x), y).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        close(p.grad, q.grad)
+    s = compile_stats()
+    assert s["graph_names"] == ["graph0_forward", "graph0_backward"]
+    assert s["executables"] == 2 and s["calls"] == 2 and not s["eager_fallbacks"]
+    compiled(x.to("pjrt"))  # same shapes: no new executable
+    assert compile_stats()["executables"] == 2 and compile_stats()["cache_hits"] >= 1
+
+
+def test_inference_graph_under_no_grad():
+    ref = mlp()
+    compiled = torch.compile(to_pjrt(ref), backend="pjrt")
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        close(compiled(x.to("pjrt")), ref(x))
+    assert compile_stats()["graph_names"] == ["graph0_inference"]
+    assert compile_stats()["executables"] == 1
+
+
+# ------------------------------------------------------------------------- training steps
+def _train_step(model, opt, x, y, loss_fn):
+    opt.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_whole_training_step_adamw_matches_cpu(mode):
+    ref = mlp()
+    model = to_pjrt(ref)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = torch.compile(_train_step, backend="pjrt", mode=mode)
+    torch.manual_seed(1)
+    for i in range(3):
+        x, y = torch.randn(8, 6), torch.randn(8, 3)
+        expected = _train_step(ref, opt_ref, x, y, F.mse_loss)
+        loss = step(model, opt, x.to("pjrt"), y.to("pjrt"), F.mse_loss)
+        close(loss, expected)
+        if i == 0:
+            after_first = compile_stats()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        close(p, q)
+    for p, q in zip(model.parameters(), ref.parameters()):  # optimizer state written back in place
+        close(opt.state[p]["exp_avg"], opt_ref.state[q]["exp_avg"])
+        close(opt.state[p]["exp_avg_sq"], opt_ref.state[q]["exp_avg_sq"])
+    s = compile_stats()
+    # forward, backward (backward() is a graph break) and the optimizer update: one executable each
+    kinds = sorted(n.split("_", 1)[1] for n in s["graph_names"])
+    assert kinds == ["backward", "forward", "inference"], s["graph_names"]
+    assert s["executables"] == 3 == after_first["executables"], s["recompiles"]
+    assert s["calls"] == 9 and not s["eager_fallbacks"]
+
+
+def test_cnn_training_step_with_batchnorm_running_stats():
+    ref = cnn()
+    model = to_pjrt(ref)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = torch.compile(_train_step, backend="pjrt")
+    torch.manual_seed(2)
+    for _ in range(2):
+        x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+        close(step(model, opt, x.to("pjrt"), y.to("pjrt"), F.cross_entropy),
+              _train_step(ref, opt_ref, x, y, F.cross_entropy), atol=1e-4, rtol=1e-4)
+    for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+        close(a, b, atol=1e-4, rtol=1e-4)  # includes running_mean/var and num_batches_tracked
+    s = compile_stats()
+    # SGD's first step creates the momentum buffers, its second uses them: Dynamo compiles the
+    # update twice (a guard failure it reports); each graph is still exactly one executable
+    assert s["executables"] == len(s["graph_names"]) == 4
+    assert all(r["reason"].startswith("dynamo guard failed") for r in s["recompiles"]), s["recompiles"]
+
+
+def test_mutated_inputs_are_donated_and_views_still_see_writes():
+    @torch.compile(backend="pjrt")
+    def bump(buf, x):
+        buf.add_(x)
+        return buf.sum()
+
+    buf = torch.zeros(4, device="pjrt")
+    alias = buf.view(2, 2)
+    for _ in range(3):
+        bump(buf, torch.ones(4, device="pjrt"))
+    close(buf, torch.full((4,), 3.0))
+    close(alias, torch.full((2, 2), 3.0))
+    s = compile_stats()
+    assert s["executables"] >= 1 and s["calls"] == 3
+
+
+# ------------------------------------------------------------------------- randomness
+def test_random_ops_take_their_seed_from_the_torch_generator():
+    f = lambda x: F.dropout(x * 2, p=0.5, training=True)  # noqa: E731
+    compiled = torch.compile(f, backend="pjrt")
+    x = torch.ones(8, 64, device="pjrt")
+    torch.manual_seed(0)
+    a = compiled(x).cpu()
+    torch.manual_seed(0)
+    b = compiled(x).cpu()
+    c = compiled(x).cpu()  # generator advanced: another mask from the same executable
+    torch.manual_seed(0)
+    eager = f(x).cpu()
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, eager)  # same seed draws as the eager kernels
+    assert set(a.unique().tolist()) <= {0.0, 4.0} and 0.3 < (a == 0).float().mean().item() < 0.7
+    assert compile_stats()["executables"] == 1
+
+
+# ------------------------------------------------------------------------- Dynamo features
+def test_graph_breaks_and_fullgraph():
+    def f(x):
+        y = torch.sin(x) * 2
+        torch._dynamo.graph_break()
+        return torch.cos(y) + 1
+
+    x = torch.randn(5)
+    close(torch.compile(f, backend="pjrt")(x.to("pjrt")), f(x))
+    assert compile_stats()["executables"] == 2 and len(compile_stats()["graph_names"]) == 2
+    torch._dynamo.reset()  # forget f's compiled code, or Dynamo reuses it
+    with pytest.raises(Exception, match="graph_break|Graph break|graph break"):
+        torch.compile(f, backend="pjrt", fullgraph=True)(x.to("pjrt"))
+
+    def g(x):
+        return torch.cos(torch.sin(x) * 2) + 1
+
+    reset_compile_stats()
+    close(torch.compile(g, backend="pjrt", fullgraph=True)(x.to("pjrt")), g(x))
+    assert compile_stats()["executables"] == 1
+
+
+def test_recompiles_are_reported_with_reasons():
+    f = torch.compile(lambda x: x * 2 + 1, backend="pjrt", dynamic=False)
+    f(torch.ones(3, device="pjrt"))
+    f(torch.ones(5, device="pjrt"))
+    s = compile_stats()
+    assert s["executables"] == 2
+    assert any("dynamo guard failed" in r["reason"] and "size" in r["reason"] for r in s["recompiles"]), s["recompiles"]
+
+
+# ------------------------------------------------------------------------- modes and options
+def test_modes_give_the_same_results():
+    ref = mlp()
+    x = torch.randn(3, 6)
+    results = {}
+    for mode in ("default", "reduce-overhead", "max-autotune"):
+        torch._dynamo.reset()
+        results[mode] = torch.compile(to_pjrt(ref), backend="pjrt", mode=mode)(x.to("pjrt")).detach().cpu()
+    assert torch.equal(results["default"], results["reduce-overhead"])
+    assert torch.equal(results["default"], results["max-autotune"])
+    close(results["default"], ref(x))
+
+
+def test_unknown_mode_and_options_are_clear_errors():
+    x = torch.ones(2, device="pjrt")
+    with pytest.raises(Exception, match="unknown mode 'fastest'.*reduce-overhead"):
+        torch.compile(torch.sin, backend="pjrt", mode="fastest")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown option.*turbo.*valid options"):
+        torch.compile(torch.sin, backend="pjrt", options={"turbo": True})(x)
+
+
+# ------------------------------------------------------------------------- failures
+_lib = torch.library.Library("pjrt_compile_test", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+_lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")  # runs eagerly on any device, pjrt included
+_lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+
+
+def _uses_unlowered_op(x):
+    return torch.ops.pjrt_compile_test.twice(x + 1) - 1
+
+
+def test_lowering_failure_names_node_op_and_user_code():
+    x = torch.ones(3, device="pjrt")
+    with pytest.raises(Exception) as info:
+        torch.compile(_uses_unlowered_op, backend="pjrt")(x)
+    msg = str(info.value)
+    assert "failed to lower node %twice" in msg
+    assert "pjrt_compile_test.twice.default" in msg and "float32[3]" in msg
+    assert "no lowering" in msg and "_uses_unlowered_op" in msg
+
+
+def test_eager_fallback_is_opt_in_and_warned():
+    x = torch.ones(3, device="pjrt")
+    with pytest.warns(UserWarning, match="running graph .* eagerly"):
+        out = torch.compile(_uses_unlowered_op, backend="pjrt", options={"fallback": "eager"})(x)
+    close(out, torch.full((3,), 3.0))
+    s = compile_stats()
+    assert len(s["eager_fallbacks"]) == 1 and s["executables"] == 0
+
+
+# ------------------------------------------------------------------------- artifacts
+def test_dump_dir_writes_fx_and_stablehlo(tmp_path):
+    torch.compile(lambda x: torch.relu(x) @ x.T, backend="pjrt", options={"dump_dir": str(tmp_path)})(
+        torch.randn(3, 3, device="pjrt"))
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["graph0_inference.fx.txt", "graph0_inference.stablehlo.txt"]
+    assert "torch.ops.aten.relu.default" in (tmp_path / names[0]).read_text()
+    assert "stablehlo.dot_general" in (tmp_path / names[1]).read_text()
+
+
+def test_export_returns_stablehlo_text():
+    ref = mlp().eval()
+    text = pjrt_compile.export(ref, (torch.randn(2, 6),))
+    assert "func.func public @main" in text and "stablehlo.dot_general" in text
+    assert "tensor<2x6xf32>" in text and "tensor<2x3xf32>" in text
+
+
+def test_persistent_cache_is_reused_by_a_second_process(tmp_path):
+    script = textwrap.dedent("""
+        import os, torch, torch_pjrt
+        import torch_pjrt.compiler as c
+        f = torch.compile(lambda x: torch.tanh(x @ x) * 3, backend="pjrt")
+        f(torch.randn(16, 16, device="pjrt"))
+        print("HITS", c.compile_stats()["persistent_cache_hits"])
+    """)
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS="0",
+               TORCH_PJRT_PLATFORM="cpu")
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    hits = [int(r.stdout.split("HITS")[-1]) if "HITS" in r.stdout else r.stderr[-2000:] for r in runs]
+    assert hits == [0, 1], hits

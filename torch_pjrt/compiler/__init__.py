@@ -1,0 +1,45 @@
+"""torch.compile(backend="pjrt"): Dynamo graphs as XLA executables through the op table.
+
+Importing this package registers the Dynamo backend "pjrt" and tells Dynamo not to trace
+into torch_pjrt's own Python (its eager kernels) or JAX.
+"""
+from __future__ import annotations
+
+import torch
+import torch._dynamo
+
+from .backend import pjrt_backend
+from .interpreter import LoweringError
+from .stats import compile_stats, reset_compile_stats
+
+__all__ = ["pjrt_backend", "compile_stats", "reset_compile_stats", "LoweringError", "export"]
+
+
+def export(model, example_args, example_kwargs=None, **kwargs):
+    """StableHLO text of `model` traced by torch.export (see export.py)."""
+    from .export import export as _export
+
+    return _export(model, example_args, example_kwargs, **kwargs)
+
+
+def _skip_in_dynamo() -> None:
+    # Eager pjrt kernels are Python functions the dispatcher calls; inside a compiled
+    # region (e.g. backward after a graph break) Dynamo would otherwise try to trace them.
+    from torch._dynamo import trace_rules
+
+    for module in ("torch_pjrt", "jax", "jaxlib"):
+        trace_rules.add(module)
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+
+    if "pjrt" in _COMPILER_FNS:
+        return
+    if _BACKENDS.get("pjrt") is not None:  # our entry point is being loaded: lookup_backend registers it
+        return
+    register_backend(pjrt_backend, name="pjrt")
+
+
+_skip_in_dynamo()
+_register()

@@ -1,0 +1,335 @@
+"""An FX graph (functionalized core ATen, from AOTAutograd or torch.export) as one JAX function.
+
+`GraphProgram(gm, example_inputs)` reads the graph once: what each placeholder is (a pjrt
+tensor, a CPU tensor, an int), which inputs the graph mutates (AOTAutograd's trailing
+`copy_(placeholder, value)` nodes), which nodes are random, what each output is. Its
+`function` is pure: (seeds, constants, *inputs) -> (outputs, new values of mutated inputs),
+and runs every call_function node through the op table's lowering, binding arguments with
+`Signature` and calling `jitted.call_lowering` exactly as the eager kernels do. The caller
+puts it inside one `jax.jit`, so a graph is one XLA executable.
+
+A few nodes are graph plumbing rather than ops and are interpreted here: `getitem`,
+`copy_`/`copy` (the functionalization's write-back), the symbolic-size helpers
+(`sym_size`, `operator.mul` on ints, ...), and `_foreach_*` overloads the table lacks
+(applied element by element through the table's lowering of the single-tensor op).
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch.fx.node import map_aggregate
+
+from ..dtypes import to_jax
+from ..ops.jitted import call_lowering
+from ..ops.registry import LOWERINGS, Lowering
+from ..ops.signature import SCALAR, TENSOR, TENSOR_LIST, Signature
+
+aten = torch.ops.aten
+OpOverload = torch._ops.OpOverload
+
+
+class LoweringError(RuntimeError):
+    """A graph node could not be lowered; the message names the node, its op and the user code."""
+
+
+# input kinds
+PJRT, CPU, INT, OTHER = "pjrt", "cpu", "int", "other"
+
+
+def _label(op) -> str:
+    if not isinstance(op, OpOverload):
+        return getattr(op, "__name__", str(op))
+    namespace, name = op._schema.name.split("::")
+    return f"{namespace}.{name}.{op._overloadname}"
+
+
+def _inplace_twin(op: OpOverload):
+    """The in-place overload whose lowering returns self's new value (random ops register there):
+    aten.uniform.default -> aten.uniform_.default."""
+    namespace, name = op._schema.name.split("::")
+    packet = getattr(aten, name + "_", None) if namespace == "aten" else None
+    return getattr(packet, op._overloadname, None) if packet is not None else None
+
+
+def find_lowering(op: OpOverload) -> Lowering | None:
+    lowering = LOWERINGS.get(op)
+    if lowering is None:
+        twin = _inplace_twin(op)
+        lowering = LOWERINGS.get(twin) if twin is not None else None
+    return lowering
+
+
+def _weak(v):
+    """A Python number as a weakly typed JAX scalar (the table's Scalar contract)."""
+    if v.__class__ in (int, float, bool, complex):
+        try:
+            return jnp.asarray(v)
+        except OverflowError:
+            return v
+    return v
+
+
+class _OpCall:
+    """How one aten overload is called inside the traced graph."""
+
+    def __init__(self, op: OpOverload, lowering: Lowering):
+        self.op, self.lowering = op, lowering
+        self.sig = Signature.of(op)
+        self.scalars = tuple(i for i, (n, k) in enumerate(zip(self.sig.names, self.sig.kinds))
+                             if k == SCALAR and n not in lowering.static)
+        self.generator = self.sig.names.index("generator") if "generator" in self.sig.names else None
+        self.random = lowering.random or self.generator is not None
+
+    def __call__(self, args, kwargs, seed=None):
+        values = self.sig.bind(tuple(args), kwargs)
+        for i in self.scalars:
+            values[i] = _weak(values[i])
+        if self.random:
+            if self.generator is not None:
+                values[self.generator] = seed
+            else:
+                values.append(seed)
+        return call_lowering(self.lowering, self.sig, *values)
+
+
+class _ForeachCall:
+    """A `_foreach_*` overload the table lacks, as its single-tensor op applied per element."""
+
+    def __init__(self, op: OpOverload):
+        self.op = op
+        name = op._schema.name.split("::")[1][len("_foreach_"):]
+        self.types = [str(a.type) for a in op._schema.arguments]
+        self.lists = [i for i, t in enumerate(self.types) if t.startswith("List[")]
+        base = getattr(aten, name, None)
+        self.base, self.indexed = None, ()
+        if name == "norm":
+            self.base = _OpCall(aten.linalg_vector_norm.default, LOWERINGS[aten.linalg_vector_norm.default])
+            self.adapt = lambda a: (a[0], a[1], None, False, a[2] if len(a) > 2 else None)
+            return
+        self.adapt = lambda a: a
+        if base is None:
+            return
+        tensor_args = [i for i, t in enumerate(self.types) if t == "Tensor"]
+        elem = ["Tensor" if t in ("List[Tensor]", "Tensor") else "number" if t in ("List[number]", "number") else t
+                for t in self.types]
+        for indexed in itertools.chain([()], ([i] for i in tensor_args)):  # a Tensor arg may hold per-element scalars
+            want = [("number" if i in indexed else t) for i, t in enumerate(elem)]
+            for overload in base.overloads():
+                cand = getattr(base, overload)
+                args = [a for a in cand._schema.arguments if not a.kwarg_only]
+                types = [str(a.type) for a in args]
+                if len(types) >= len(want) and types[: len(want)] == want and \
+                        all(a.has_default_value() for a in args[len(want):]):
+                    lowering = find_lowering(cand)
+                    if lowering is not None:
+                        self.base, self.indexed = _OpCall(cand, lowering), tuple(indexed)
+                        return
+
+    def __call__(self, args, kwargs):
+        if kwargs:
+            args = tuple(Signature.of(self.op).bind(tuple(args), kwargs))
+        n = len(args[self.lists[0]])
+        out = []
+        for k in range(n):
+            elem = [a[k] if i in self.lists or i in self.indexed else a for i, a in enumerate(args)]
+            out.append(self.base(self.adapt(elem), {}))
+        return out
+
+
+def _copy(dst, src):
+    """copy_/copy: src converted to dst's dtype and broadcast to its shape."""
+    return jnp.broadcast_to(jnp.asarray(src).astype(dst.dtype), dst.shape)
+
+
+def _sym_size(x, dim=None):
+    return x.shape[dim] if dim is not None else x.shape
+
+
+_PLUMBING = {
+    operator.getitem: lambda args, kw: args[0][args[1]],
+    aten.copy.default: lambda args, kw: _copy(args[0], args[1]),
+    aten.sym_size.int: lambda args, kw: args[0].shape[args[1]],
+    aten.sym_numel.default: lambda args, kw: int(args[0].size),
+    aten.sym_storage_offset.default: lambda args, kw: 0,
+    aten._assert_async.msg: lambda args, kw: None,
+    aten._assert_scalar.default: lambda args, kw: None,
+}
+
+
+def _is_symbolic(v) -> bool:
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+class GraphProgram:
+    """A functionalized FX graph read once, ready to be traced by jax.jit."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, name: str):
+        self.gm, self.name = gm, name
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.input_kinds = tuple(_input_kind(x) for x in example_inputs)
+        devices = {x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.device.type == "pjrt"}
+        devices |= {n.kwargs["device"].index or 0 for n in self.nodes
+                    if n.op == "call_function" and isinstance(n.kwargs.get("device"), torch.device)
+                    and n.kwargs["device"].type == "pjrt"}
+        if len(devices) > 1:
+            raise LoweringError(f"pjrt compile: graph {name} mixes pjrt devices {sorted(devices)}; one graph runs on one device")
+        self.device = devices.pop() if devices else torch.pjrt.current_device()
+        # constants (get_attr): passed in as executable inputs, read once
+        self.constant_nodes = [n for n in self.nodes if n.op == "get_attr"]
+        self.constants = [_constant(_fetch_attr(gm, n.target), self.device) for n in self.constant_nodes]
+        # the functionalization's write-back into graph inputs
+        index_of = {n: i for i, n in enumerate(self.placeholders)}
+        self.mutations: dict[int, torch.fx.Node] = {}  # input index -> node holding the new value
+        self.writeback_nodes = set()
+        for n in self.nodes:
+            if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in index_of:
+                self.mutations[index_of[n.args[0]]] = n
+                self.writeback_nodes.add(n)
+        self.mutated = tuple(sorted(self.mutations))
+        # how each call_function node runs
+        self.calls: dict[torch.fx.Node, object] = {}
+        self.random_nodes: list[torch.fx.Node] = []
+        for n in self.nodes:
+            if n.op == "call_function" and n not in self.writeback_nodes:
+                self.calls[n] = self._plan(n)
+                if isinstance(self.calls[n], _OpCall) and self.calls[n].random:
+                    self.random_nodes.append(n)
+        self.seed_index = {n: i for i, n in enumerate(self.random_nodes)}
+        out_node = next(n for n in reversed(self.nodes) if n.op == "output")
+        self.output_args = out_node.args[0]
+        flat, _ = torch.utils._pytree.tree_flatten(self.output_args)
+        self.output_devices = [_output_device(n) for n in flat]
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, node):
+        target = node.target
+        if target in _PLUMBING:
+            return _PLUMBING[target]
+        if isinstance(target, OpOverload):
+            lowering = find_lowering(target)
+            if lowering is not None:
+                if not lowering.jit:
+                    raise self.error(node, "its output shape depends on tensor values (a data-dependent op), so it cannot "
+                                           "run inside one executable; let Dynamo graph-break on it")
+                return _OpCall(target, lowering)
+            if target._schema.name.startswith("aten::_foreach_"):
+                call = _ForeachCall(target)
+                if call.base is not None:
+                    return lambda args, kw, _c=call: _c(args, kw)
+            raise self.error(node, "the pjrt op table has no lowering for it (and torch has no decomposition "
+                                   "AOTAutograd applied)")
+        if callable(target) and not isinstance(target, torch._ops.OpOverloadPacket):
+            return lambda args, kw, _f=target: _f(*args, **kw)  # int arithmetic on sizes (operator.mul, ...)
+        raise self.error(node, "unsupported call target")
+
+    def error(self, node, why: str, cause: BaseException | None = None) -> LoweringError:
+        where = (node.meta.get("stack_trace") or "").strip().splitlines()
+        user = "\n  user code: " + " / ".join(s.strip() for s in where[-2:]) if where else ""
+        args = ", ".join(_describe(a) for a in node.args)
+        msg = (f"pjrt compile: graph '{self.name}' failed to lower node %{node.name} = {_label(node.target)}({args}): "
+               f"{why}{user}")
+        if cause is not None:
+            msg += f"\n  cause: {type(cause).__name__}: {cause}"
+        return LoweringError(msg)
+
+    # ------------------------------------------------------------------ the pure function
+    def function(self, seeds, constants, *inputs):
+        """(outputs, mutated input values): trace me inside jax.jit."""
+        env = {}
+        for n, v in zip(self.placeholders, inputs):
+            env[n] = v.resolve() if hasattr(v, "resolve") else v
+        for n, v in zip(self.constant_nodes, constants):
+            env[n] = v
+        lookup = env.__getitem__
+        for node in self.nodes:
+            if node.op != "call_function" or node in self.writeback_nodes:
+                continue
+            args = map_aggregate(node.args, lambda a: lookup(a) if isinstance(a, torch.fx.Node) else a)
+            kwargs = map_aggregate(node.kwargs, lambda a: lookup(a) if isinstance(a, torch.fx.Node) else a)
+            call = self.calls[node]
+            try:
+                if node in self.seed_index:
+                    env[node] = call(args, kwargs, seeds[self.seed_index[node]])
+                else:
+                    env[node] = call(args, kwargs)
+            except LoweringError:
+                raise
+            except Exception as e:  # noqa: BLE001  (re-raised with the node named)
+                raise self.error(node, "its lowering raised", e) from e
+        outputs = [env[a] if isinstance(a, torch.fx.Node) else a
+                   for a in torch.utils._pytree.tree_flatten(self.output_args)[0]]
+        new_values = []
+        for i in self.mutated:
+            node = self.mutations[i]
+            new_values.append(_copy(env[node.args[0]], env[node.args[1]]))
+        # only arrays leave the executable; Python values (None, ints) are re-inserted by the caller
+        arrays = tuple(o for o in outputs if isinstance(o, jax.Array))
+        return arrays, tuple(new_values)
+
+    def static_outputs(self, abstract_outputs_sample=None):
+        """Flattened outputs: for each, None if it is an array output else the Python value."""
+        flat = torch.utils._pytree.tree_flatten(self.output_args)[0]
+        return [None if isinstance(a, torch.fx.Node) and _is_array_node(a) else a for a in flat]
+
+
+def _is_array_node(node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor)
+
+
+def _describe(a) -> str:
+    if isinstance(a, torch.fx.Node):
+        val = a.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return f"%{a.name}: {str(val.dtype).replace('torch.', '')}{list(val.shape)}"
+        return f"%{a.name}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_describe(x) for x in a) + "]"
+    return repr(a)
+
+
+def _input_kind(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return PJRT if x.device.type == "pjrt" else CPU
+    if isinstance(x, (int, torch.SymInt)):
+        return INT
+    return OTHER
+
+
+def _output_device(node):
+    if not isinstance(node, torch.fx.Node):
+        return None
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.device
+    return None
+
+
+def _fetch_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _constant(t, device: int):
+    """A graph constant (get_attr) as a JAX array on the graph's device."""
+    from .. import storage, platform
+
+    if isinstance(t, torch.Tensor):
+        if t.device.type == "pjrt":
+            return storage.read(t)
+        return jax.device_put(storage.to_numpy(t), platform.device(device))
+    return t
+
+
+def abstract_input(x):
+    """The jax.ShapeDtypeStruct a fake graph input stands for (for tracing at compile time)."""
+    if isinstance(x, torch.Tensor):
+        return jax.ShapeDtypeStruct(tuple(int(s) for s in x.shape), to_jax(x.dtype))
+    return x
