@@ -194,3 +194,17 @@ def test_embedding(dtype):
         for scale in (False, True):
             check(aten.embedding_dense_backward.default, grad, indices, 10, padding_idx, scale, **tol)
     check(aten.embedding_dense_backward.default, make((3,), dtype, 2), torch.tensor(2), 5, -1, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_unsafe_index_family(dtype):
+    x = make((4, 5), dtype)
+    i = torch.tensor([[0, 3], [-1, 2]])
+    check(aten._unsafe_index.Tensor, x, [i])
+    check(aten._unsafe_index.Tensor, x, [None, torch.tensor([4, 0])])
+    check(aten._unsafe_index_put.default, x, [torch.tensor([1, 1, 2])], make((3, 5), dtype, 1), True)
+    mask = torch.tensor([[True, False], [True, True]])
+    wild = torch.tensor([[1, 99], [2, -50]])  # out of range where masked off
+    check(aten._unsafe_masked_index.default, x, mask, [wild, torch.tensor([0, 4])], 7)
+    check(aten._unsafe_masked_index_put_accumulate.default, x, mask, [wild, torch.tensor([0, 4])],
+          make((2, 2), dtype, 2))

@@ -187,3 +187,11 @@ def test_eye():
     check(aten.eye.default, 0)
     check(aten.eye.m, 2, 4, dtype=torch.int64)
     check(aten.eye.m, 4, 2, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_copy(dtype):
+    x = make((2, 3), dtype)
+    check(aten.copy.default, x, make((2, 3), torch.float64, 1))
+    check(aten.copy.default, x, make((3,), torch.int32, 2))  # src broadcasts
+    check(aten.copy.default, x, make((), dtype, 3))

@@ -161,3 +161,16 @@ def test_scatters(dtype):
     check(aten.diagonal_scatter.default, x, make((4,), dtype, 3), -2, 1, 0)
     y = make((2, 3, 4), dtype)
     check(aten.diagonal_scatter.default, y, make((3, 2), dtype, 4), 0, 0, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_view_backward_ops(dtype):
+    g = make((5, 2), dtype)
+    check(aten.slice_backward.default, g, [5, 6], 1, 1, 5, 2)
+    check(aten.slice_backward.default, make((2, 6), dtype), [5, 6], 0, -2, 9223372036854775807, 1)
+    check(aten.select_backward.default, make((6,), dtype), [5, 6], 0, -1)
+    check(aten.diagonal_backward.default, make((4,), dtype), [5, 6], 2, 0, 1)
+    check(aten.diagonal_backward.default, make((3, 2), dtype), [2, 3, 4], 0, 0, 2)
+    check(aten.unfold_backward.default, make((3, 3, 4), dtype), [3, 9], 1, 4, 2)  # overlapping windows add
+    check(aten.unfold_backward.default, make((2, 3), dtype), [7], 0, 3, 3)
+    check(aten.narrow_copy.default, make((5, 6), dtype), 1, 2, 3)

@@ -92,7 +92,7 @@ def _index_ints(self, indices):
     return self[_index_key(self.shape, indices)]
 
 
-@lowering(aten.index.Tensor, jit=False)
+@lowering(aten.index.Tensor, aten._unsafe_index.Tensor, jit=False)
 def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
@@ -137,7 +137,7 @@ def _index_put_mask(self, mask, where, values, accumulate):
     return jnp.where(m, full, self)
 
 
-@lowering(aten.index_put.default, jit=False)
+@lowering(aten.index_put.default, aten._unsafe_index_put.default, jit=False)
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices)
     masks = [d for d, i in enumerate(indices) if _is_mask(i)]
@@ -148,6 +148,23 @@ def index_put(self, indices, values, accumulate=False):
             return _index_put_mask(self, indices[only].astype(jnp.bool_), only, values, accumulate)
         indices = expand_masks(self, indices)  # mixed masks and integer indices: concrete nonzero
     return _index_put_jit(self, indices, values, accumulate)
+
+
+def _clamp_indices(self, indices):
+    return [None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1) for d, i in enumerate(indices)]
+
+
+@lowering(aten._unsafe_masked_index.default)
+def _unsafe_masked_index(self, mask, indices, fill):
+    """self[indices] where mask, else fill (decompositions of padded gathers; indices are ints)."""
+    picked = _index_ints(self, _clamp_indices(self, indices))  # masked-off indices may be out of range
+    return jnp.where(mask, picked, cast(fill, self.dtype))
+
+
+@lowering(aten._unsafe_masked_index_put_accumulate.default)
+def _unsafe_masked_index_put_accumulate(self, mask, indices, values):
+    values = jnp.where(mask, values.astype(self.dtype), jnp.zeros((), self.dtype))
+    return _index_put_ints(self, _clamp_indices(self, indices), values, accumulate=True)
 
 
 # --------------------------------------------------------------------------- gather / scatter

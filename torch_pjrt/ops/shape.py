@@ -220,6 +220,12 @@ def contiguous(self, *, memory_format=torch.contiguous_format):
     return self
 
 
+@lowering(aten.copy.default)
+def copy(self, src, non_blocking=False):
+    """Functionalised copy_: src broadcast to self's shape, in self's dtype."""
+    return jnp.broadcast_to(convert(src, self.dtype), self.shape)
+
+
 @lowering(aten._to_copy.default)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     return self if dtype is None else convert(self, to_jax(dtype))

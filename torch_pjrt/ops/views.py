@@ -205,7 +205,7 @@ def select_scatter(self, src, dim, index):
     return self.at[_along(self.ndim, dim, _select_index(self, dim, index))].set(src.astype(self.dtype))
 
 
-@lowering(aten.narrow.default)
+@lowering(aten.narrow.default, aten.narrow_copy.default)
 def narrow(self, dim, start, length):
     dim = wrap_dim(dim, self.ndim)
     start = start + self.shape[dim] if start < 0 else start
@@ -347,3 +347,27 @@ def chunk(self, chunks, dim=0):
 def unbind(self, dim=0):
     dim = wrap_dim(dim, self.ndim)
     return tuple(jax.lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim]))
+
+
+# --------------------------------------------------------------------------- view backward ops
+# AOTAutograd's backward graphs scatter a view's gradient into zeros of the input's size.
+@lowering(aten.slice_backward.default)
+def slice_backward(grad_output, input_sizes, dim, start, end, step):
+    return slice_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, start, end, step)
+
+
+@lowering(aten.select_backward.default)
+def select_backward(grad_output, input_sizes, dim, index):
+    return select_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, index)
+
+
+@lowering(aten.diagonal_backward.default)
+def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
+    return diagonal_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, offset, dim1, dim2)
+
+
+@lowering(aten.unfold_backward.default)
+def unfold_backward(grad_in, input_sizes, dim, size, step):
+    """Overlapping windows add up: the transpose of unfold, taken with jax.vjp."""
+    _, vjp = jax.vjp(lambda x: unfold(x, dim, size, step), jnp.zeros(tuple(input_sizes), grad_in.dtype))
+    return vjp(grad_in)[0]
