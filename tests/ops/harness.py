@@ -48,6 +48,16 @@ def _to_torch(x):
     return x
 
 
+def make(shape, dtype=torch.float32, seed=0) -> torch.Tensor:
+    """A reproducible CPU test input of any dtype (small integers, normal floats, random bools)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-9, 10, shape, generator=g, dtype=dtype)
+
+
 def run_lowering(op, *args, **kwargs):
     """The op's lowering on CPU tensors, through jax.jit as eager runs it."""
     lowering = LOWERINGS[op]

@@ -4,18 +4,9 @@ import math
 import pytest
 import torch
 
-from tests.ops.harness import check
+from tests.ops.harness import check, make
 
 aten = torch.ops.aten
-
-
-def make(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=g) > 0.5
-    if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-9, 10, shape, generator=g, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
