@@ -22,7 +22,7 @@ from ._runtime import load as _load_runtime
 from .dtypes import to_jax, to_torch
 from .ops.jitted import executable, hashable, static_positions
 from .ops.registry import LOWERINGS, Lowering
-from .ops.signature import SCALAR, TENSOR, TENSOR_LIST, Signature
+from .ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
 
 aten = torch.ops.aten
 _rt = _load_runtime()
@@ -104,6 +104,7 @@ class Kernel:
         self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.static_args = static_positions(lowering, sig)
         self.scalar_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR and i not in self.static_args)
+        self.scalar_list_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
         self.device_arg = sig.names.index("device") if "device" in sig.names else None
         self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
         self.random = lowering.random or self.generator_arg is not None
@@ -130,6 +131,8 @@ class Kernel:
         for i in self.scalar_args:
             if values[i].__class__ in (int, float, bool, complex):
                 values[i] = _weak_scalar(values[i])
+        for i in self.scalar_list_args:
+            values[i] = [_weak_scalar(v) for v in values[i]]
         if self.random:
             generator = values[self.generator_arg] if self.generator_arg is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))

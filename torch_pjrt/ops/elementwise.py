@@ -98,12 +98,7 @@ def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=(),
 
 
 def _to_compute(x, common, compute):
-    y = cast(cast(x, common), compute)
-    if dtype_of(x) == np.bool_ and category(compute) in "fc" and not isinstance(x, bool):
-        # XLA's simplifier rewrites convert(pred) * y and convert(pred) / y as select(pred, ., 0),
-        # which loses False * inf = NaN and False / 0 = NaN; the barrier keeps the arithmetic.
-        y = lax.optimization_barrier(y)
-    return y
+    return cast(cast(x, common), compute)
 
 
 def define(name, math, *, kind=DEFAULT, allowed=ALL, ops=None, half=True):

@@ -47,7 +47,14 @@ def cast(x, dtype):
     """Cast an array or weak scalar to `dtype` (a no-op when it already is)."""
     if isinstance(x, (bool, int, float, complex)):
         return jnp.asarray(x, dtype=dtype)
-    return x if (x.dtype == dtype and not getattr(x, "weak_type", False)) else jax.lax.convert_element_type(x, dtype)
+    if x.dtype == dtype and not getattr(x, "weak_type", False):
+        return x
+    y = jax.lax.convert_element_type(x, dtype)
+    if x.dtype == np.bool_ and np.dtype(dtype).kind in "fc":
+        # XLA's simplifier rewrites convert(pred) * y and convert(pred) / y as select(pred, ., 0),
+        # which loses False * inf = NaN and False / 0 = NaN; the barrier keeps the arithmetic.
+        y = jax.lax.optimization_barrier(y)
+    return y
 
 
 def default_float() -> np.dtype:

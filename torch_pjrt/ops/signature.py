@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-TENSOR, TENSOR_LIST, SCALAR, STATIC = "tensor", "tensor_list", "scalar", "static"
+TENSOR, TENSOR_LIST, SCALAR, SCALAR_LIST, STATIC = "tensor", "tensor_list", "scalar", "scalar_list", "static"
 
 
 def _kind(t) -> str:
@@ -23,13 +23,15 @@ def _kind(t) -> str:
         return TENSOR_LIST
     if s in ("number", "Optional[number]"):
         return SCALAR
+    if s == "List[number]":  # e.g. per-parameter step sizes of foreach optimizers: traced too
+        return SCALAR_LIST
     return STATIC
 
 
 @dataclass(frozen=True)
 class Signature:
     names: tuple  # every argument, schema order
-    kinds: tuple  # TENSOR / TENSOR_LIST / SCALAR / STATIC per argument
+    kinds: tuple  # TENSOR / TENSOR_LIST / SCALAR / SCALAR_LIST / STATIC per argument
     kwarg_only: tuple  # bool per argument
     defaults: tuple  # default per argument (a sentinel where required)
     written: tuple  # indices of arguments the op writes (self for op_, out args for .out)
