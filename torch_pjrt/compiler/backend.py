@@ -28,7 +28,7 @@ from .._runtime import load as _load_runtime
 from ..dtypes import to_jax
 from ..ops.registry import LOWERINGS
 from . import cache, dynamic, stats
-from .interpreter import CPU, INT, PJRT, GraphProgram, LoweringError, find_lowering
+from .interpreter import CPU, INT, PJRT, GraphProgram, LoweringError, find_lowering, signature
 
 _rt = _load_runtime()
 whole_buffer = _rt.whole_buffer
@@ -178,7 +178,6 @@ class CompiledGraph:
         self.int_inputs = tuple(i for i, k in enumerate(self.kinds) if k == INT)
         self.pjrt_inputs = tuple(i for i, k in enumerate(self.kinds) if k == PJRT)
         self.cpu_inputs = tuple(i for i, k in enumerate(self.kinds) if k == CPU)
-        self.static_outputs = program.static_outputs()
         self.output_places = [_place(d) for d in program.output_devices]
         self.dynamic = dynamic.DynamicPlan(program, example_inputs, config.buckets) if self.int_inputs else None
         # (seeds, constants, *inputs): ints (symbolic sizes) are static; mutated inputs donated
@@ -270,7 +269,7 @@ class CompiledGraph:
         fn = self.donating if self.donating is not None and self._donatable(inputs) else self.plain
         seeds = self._seeds()
         outputs, new_values = self._execute(fn, seeds, inputs)
-        return self._finish(tensors, outputs, new_values)
+        return self._finish(tensors, outputs, new_values, inputs)
 
     def _execute(self, fn, seeds, inputs):
         stats.add("calls")
@@ -285,7 +284,7 @@ class CompiledGraph:
         return result
 
     def _why_new(self, inputs, fn) -> str:
-        parts = []
+        parts = [f"size input {i} = {inputs[i]}" for i in self.int_inputs]
         for i, v in enumerate(inputs):
             if os.environ.get("TORCH_PJRT_DEBUG_SIG"):
                 print(i, jax.typeof(v) if isinstance(v, jax.Array) else v, getattr(v, "sharding", None), self._specs[i] if i < len(self._specs) else None)
@@ -297,16 +296,15 @@ class CompiledGraph:
             parts.insert(0, "mutated inputs not donatable (shared buffers)")
         return "new input signature: " + "; ".join(parts[:8]) + (" ..." if len(parts) > 8 else "")
 
-    def _finish(self, tensors, outputs, new_values):
+    def _finish(self, tensors, outputs, new_values, inputs):
         for i, value in zip(self.program.mutated, new_values):
             _write_back(tensors[i], value)
+        python = self.program.python_outputs
+        python = next(iter(python.values())) if len(python) == 1 else python[signature(inputs)]
         results = []
         it = iter(outputs)
-        for static, place in zip(self.static_outputs, self.output_places):
-            if static is not None or place is None:
-                results.append(static)
-            else:
-                results.append(place(next(it), self.device))
+        for value, place in zip(python, self.output_places):
+            results.append(value if value is not None or place is None else place(next(it), self.device))
         return results
 
     def _call_reduce_overhead(self, args: list):
@@ -328,7 +326,7 @@ class CompiledGraph:
             outputs, new_values = fn(seeds, self.program.constants, *inputs)
         if stats.marker() != before:
             self._count_executable(self._why_new(inputs, fn))
-        return self._finish(tensors, outputs, new_values)
+        return self._finish(tensors, outputs, new_values, inputs)
 
 
 def _write_back(t: torch.Tensor, value) -> None:

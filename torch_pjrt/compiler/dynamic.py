@@ -22,4 +22,4 @@ class DynamicPlan:
         inputs = compiled._read_inputs(tensors)
         seeds = compiled._seeds()
         outputs, new_values = compiled._execute(compiled.plain, seeds, inputs)
-        return compiled._finish(tensors, outputs, new_values)
+        return compiled._finish(tensors, outputs, new_values, inputs)

@@ -204,6 +204,7 @@ class GraphProgram:
         self.output_args = out_node.args[0]
         flat, _ = torch.utils._pytree.tree_flatten(self.output_args)
         self.output_devices = [_output_device(n) for n in flat]
+        self.python_outputs: dict = {}  # input signature -> flat outputs, None where an array
 
     # ------------------------------------------------------------------ planning
     def _plan(self, node):
@@ -228,8 +229,9 @@ class GraphProgram:
         raise self.error(node, "unsupported call target")
 
     def error(self, node, why: str, cause: BaseException | None = None) -> LoweringError:
-        where = (node.meta.get("stack_trace") or "").strip().splitlines()
-        user = "\n  user code: " + " / ".join(s.strip() for s in where[-2:]) if where else ""
+        lines = [s.strip() for s in (node.meta.get("stack_trace") or "").strip().splitlines()]
+        files = [i for i, s in enumerate(lines) if s.startswith("File ")]
+        user = f"\n  user code: {lines[files[-1]]}: {lines[files[-1] + 1] if files[-1] + 1 < len(lines) else ''}" if files else ""
         args = ", ".join(_describe(a) for a in node.args)
         msg = (f"pjrt compile: graph '{self.name}' failed to lower node %{node.name} = {_label(node.target)}({args}): "
                f"{why}{user}")
@@ -267,19 +269,24 @@ class GraphProgram:
         for i in self.mutated:
             node = self.mutations[i]
             new_values.append(_copy(env[node.args[0]], env[node.args[1]]))
-        # only arrays leave the executable; Python values (None, ints) are re-inserted by the caller
+        # only arrays leave the executable; Python values (None, sizes) are re-inserted by the
+        # caller, looked up by the input signature they were traced for
+        self.python_outputs[signature(inputs)] = [None if isinstance(o, jax.Array) else o for o in outputs]
         arrays = tuple(o for o in outputs if isinstance(o, jax.Array))
         return arrays, tuple(new_values)
 
-    def static_outputs(self, abstract_outputs_sample=None):
-        """Flattened outputs: for each, None if it is an array output else the Python value."""
-        flat = torch.utils._pytree.tree_flatten(self.output_args)[0]
-        return [None if isinstance(a, torch.fx.Node) and _is_array_node(a) else a for a in flat]
 
 
-def _is_array_node(node) -> bool:
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor)
+def signature(inputs) -> tuple:
+    """What the graph's Python-valued outputs (sizes) depend on: int inputs and input shapes."""
+    return tuple(_shape_or_value(v) for v in inputs)
+
+
+def _shape_or_value(v):
+    if v is None or isinstance(v, int):
+        return v
+    geometry = getattr(v, "geometry", None)
+    return geometry[0] if geometry is not None else tuple(v.shape)
 
 
 def _describe(a) -> str:
