@@ -36,7 +36,7 @@ whole_buffer = _rt.whole_buffer
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = {
     "fallback": "'error' (default) or 'eager': run a graph that fails to lower eagerly on pjrt, with a warning",
-    "buckets": "dynamic dims: 'pow2' (default) or a sorted list of sizes to round up to; None turns bucketing off",
+    "buckets": "dynamic dims: 'pow2', a sorted list of sizes, or None (reserved: not applied yet, warns)",
     "donate": "bool, default True: donate buffers of mutated inputs that nothing else holds",
     "dump_dir": "a folder for FX and StableHLO text (default: $TORCH_PJRT_DUMP_DIR)",
     "xla_options": "dict of extra XLA compiler options for every executable",
@@ -63,7 +63,7 @@ class Config:
         self.fallback = options.get("fallback", os.environ.get("TORCH_PJRT_COMPILE_FALLBACK", "error"))
         if self.fallback not in ("error", "eager"):
             raise ValueError(f"torch.compile(backend='pjrt'): option fallback must be 'error' or 'eager', not {self.fallback!r}")
-        self.buckets = dynamic.parse_buckets(options.get("buckets", "pow2"))
+        self.buckets = dynamic.parse_buckets(options.get("buckets", "pow2"), explicit="buckets" in options)
         self.donate = bool(options.get("donate", True))
         self.dump_dir = options.get("dump_dir", os.environ.get("TORCH_PJRT_DUMP_DIR") or None)
         xla = {}
