@@ -12,7 +12,6 @@ else holds them).
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 import time
@@ -26,7 +25,6 @@ from jax.sharding import SingleDeviceSharding
 from .. import platform, storage
 from .._runtime import load as _load_runtime
 from ..dtypes import to_jax
-from ..ops.registry import LOWERINGS
 from . import cache, dynamic, stats
 from .interpreter import CPU, INT, PJRT, GraphProgram, LoweringError, find_lowering, signature
 
@@ -190,7 +188,7 @@ class CompiledGraph:
         self.plain = jit()
         self.executables = 0
         # compile now, for the example inputs' shapes: errors surface at torch.compile time
-        specs = self._specs = [self._spec(x) for x in example_inputs]
+        specs = [self._spec(x) for x in example_inputs]
         if self.dynamic is None:
             self._build(self.donating or self.plain, specs)
         self.fast = config.mode == "reduce-overhead" and self.dynamic is None
@@ -286,8 +284,6 @@ class CompiledGraph:
     def _why_new(self, inputs, fn) -> str:
         parts = [f"size input {i} = {inputs[i]}" for i in self.int_inputs]
         for i, v in enumerate(inputs):
-            if os.environ.get("TORCH_PJRT_DEBUG_SIG"):
-                print(i, jax.typeof(v) if isinstance(v, jax.Array) else v, getattr(v, "sharding", None), self._specs[i] if i < len(self._specs) else None)
             if hasattr(v, "geometry"):
                 parts.append(f"input {i} is a strided view {v.geometry[:2]}")
             elif isinstance(v, jax.Array):

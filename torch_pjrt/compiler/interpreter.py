@@ -26,7 +26,7 @@ from torch.fx.node import map_aggregate
 from ..dtypes import to_jax
 from ..ops.jitted import call_lowering
 from ..ops.registry import LOWERINGS, Lowering
-from ..ops.signature import SCALAR, TENSOR, TENSOR_LIST, Signature
+from ..ops.signature import SCALAR, Signature
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
