@@ -37,7 +37,7 @@ def assert_same_training(cpu_losses, pjrt_losses, cpu_model, pjrt_model, loss_to
         other = pjrt_state[key]
         assert other.device.type == "pjrt", key
         if value.is_floating_point():
-            torch.testing.assert_close(other.cpu(), value, rtol=param_tol, atol=param_tol, msg=key)
+            torch.testing.assert_close(other.cpu(), value, rtol=param_tol, atol=param_tol, msg=lambda m: f"{key}: {m}")
         else:  # e.g. BatchNorm's num_batches_tracked
             assert torch.equal(other.cpu(), value), key
 
