@@ -11,7 +11,7 @@ from __future__ import annotations
 # everything it needs must already be defined.
 
 __version__ = "0.1.0"
-__all__ = ["fallback_ops", "decomposed_ops", "registered_ops"]
+__all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", "export"]
 
 _ready = False
 
@@ -41,9 +41,44 @@ def _setup() -> None:
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")
+    _after_import("torch._dynamo", _load_compiler)
     torch.utils.dlpack.to_dlpack = transfer.refuse_dlpack(torch.utils.dlpack.to_dlpack)
     torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)
     _ready = True
+
+
+def _load_compiler() -> None:
+    """Registers backend "pjrt" and keeps Dynamo from tracing our eager kernels' frames."""
+    from . import compiler  # noqa: F401
+
+
+def _after_import(name: str, callback) -> None:
+    """Run `callback` once module `name` is imported (now, if it already is): importing
+    torch._dynamo ourselves would cost seconds at startup."""
+    import importlib.abc
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        callback()
+        return
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                callback()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _autoload() -> None:
@@ -72,6 +107,20 @@ def decomposed_ops() -> dict[str, int]:
     from .fallback import decomposed_ops as counts
 
     return counts()
+
+
+def compile_stats() -> dict:
+    """Counters of torch.compile(backend="pjrt"): graphs, executables, cache hits, recompiles, seconds."""
+    from .compiler import compile_stats as stats
+
+    return stats()
+
+
+def export(model, example_args, example_kwargs=None, **kwargs) -> str:
+    """StableHLO text of `model` (through torch.export and the op table), for deployment outside Python."""
+    from .compiler import export as export_stablehlo
+
+    return export_stablehlo(model, example_args, example_kwargs, **kwargs)
 
 
 def registered_ops() -> list[str]:
