@@ -48,13 +48,7 @@ def cases():
     for name, kwargs, extra in OPTIMIZERS:
         label = name + "".join(f"-{k}" for k in kwargs if k != "lr")
         for variant in ["foreach=False", "foreach=True", *(f"{v}=True" for v in extra)]:
-            marks = []
-            if name == "Adafactor" and variant == "foreach=False":
-                marks = [pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-                    "runtime bug: Tensor.pow_(2) / square_() on pjrt raise TypeError; eager._variants pairs "
-                    "pow_.Scalar(Tensor self, Scalar exponent) with functional pow.Scalar(Scalar self, "
-                    "Tensor exponent) because their overload names match"))]
-            yield pytest.param(name, kwargs, variant, id=f"{label}-{variant}", marks=marks)
+            yield pytest.param(name, kwargs, variant, id=f"{label}-{variant}")
 
 
 def model():
