@@ -71,9 +71,10 @@ def _eligible(x) -> bool:
 
 
 def _cast(x, dtype):
+    """x with every eligible tensor in it (also inside lists, e.g. einsum's operands) cast."""
     if _eligible(x) and x.dtype != dtype:
         return x.to(dtype)
-    if isinstance(x, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in x):
+    if isinstance(x, (list, tuple)):
         return type(x)(_cast(v, dtype) for v in x)
     return x
 
