@@ -277,20 +277,35 @@ def _composite_implicit(op) -> bool:
 
 
 def _variants(op):
-    """The in-place and out= overloads derived from functional overload `op`."""
+    """The in-place and out= overloads derived from functional overload `op`: those whose
+    other arguments have the same names and kinds (pow_.Scalar is not pow.Scalar's)."""
     base = op._schema.name.split("::")[1]
-    names = [a.name for a in op._schema.arguments]
-    inplace = getattr(getattr(aten, base + "_", None), op._overloadname, None) if hasattr(aten, base + "_") else None
-    outs = []
-    packet = getattr(aten, base)
-    for overload in packet.overloads():
-        candidate = getattr(packet, overload)
-        sig = Signature.of(candidate)
-        if sig.written and all(sig.kwarg_only[i] for i in sig.written):
-            if [n for i, n in enumerate(sig.names) if i not in sig.written] == names:
+    sig = Signature.of(op)
+    arguments = list(zip(sig.names, sig.kinds))
+    inplace, outs = None, []
+    for packet_name in (base + "_", base):
+        packet = getattr(aten, packet_name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            if "hacked_twin" in overload:  # TorchScript-only aliases the dispatcher does not know
+                continue
+            candidate = getattr(packet, overload)
+            other = Signature.of(candidate)
+            if not other.written:
+                continue
+            kept = [(n, k) for i, (n, k) in enumerate(zip(other.names, other.kinds))
+                    if packet_name == base + "_" or i not in other.written]
+            if kept != arguments:
+                continue
+            if packet_name == base + "_":
+                inplace = candidate
+            elif all(other.kwarg_only[i] for i in other.written):
                 outs.append(candidate)
     return inplace, outs
 
+
+# Lowerings that serve compiled graphs but must not become eager kernels: deriving copy_
+# from copy would replace torch's copy_, which routes cross-device copies to _copy_from.
+_NOT_EAGER = {aten.copy.default}
 
 _REGISTERED: dict = {}
 _library = None
@@ -302,7 +317,7 @@ def register(special: dict) -> None:
     _library = torch.library.Library("aten", "IMPL")
     kernels: dict = {}
     for op, lowering in LOWERINGS.items():
-        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written:
+        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written or op in _NOT_EAGER:
             continue  # views stay views (C++ metadata kernels); composites keep their autograd
         functional = Kernel(lowering)
         kernels[op] = functional
