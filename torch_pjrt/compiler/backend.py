@@ -34,7 +34,7 @@ whole_buffer = _rt.whole_buffer
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = {
     "fallback": "'error' (default) or 'eager': run a graph that fails to lower eagerly on pjrt, with a warning",
-    "buckets": "dynamic dims: 'pow2', a sorted list of sizes, or None (reserved: not applied yet, warns)",
+    "buckets": "dynamic dims: 'pow2' (default), a sorted list of sizes, or None (one executable per exact size)",
     "donate": "bool, default True: donate buffers of mutated inputs that nothing else holds",
     "dump_dir": "a folder for FX and StableHLO text (default: $TORCH_PJRT_DUMP_DIR)",
     "xla_options": "dict of extra XLA compiler options for every executable",
@@ -177,7 +177,6 @@ class CompiledGraph:
         self.pjrt_inputs = tuple(i for i, k in enumerate(self.kinds) if k == PJRT)
         self.cpu_inputs = tuple(i for i, k in enumerate(self.kinds) if k == CPU)
         self.output_places = [_place(d) for d in program.output_devices]
-        self.dynamic = dynamic.DynamicPlan(program, example_inputs, config.buckets) if self.int_inputs else None
         # (seeds, constants, *inputs): ints (symbolic sizes) are static; mutated inputs donated
         static = tuple(2 + i for i in self.int_inputs)
         donated = tuple(2 + i for i in self.mutated)
@@ -187,6 +186,8 @@ class CompiledGraph:
         self.donating = jit(donate_argnums=donated) if donated else None
         self.plain = jit()
         self.executables = 0
+        # symbolic sizes: padded per bucket (or per exact size when the graph is not paddable)
+        self.dynamic = dynamic.DynamicPlan(self, example_inputs, config.buckets) if self.int_inputs else None
         # compile now, for the example inputs' shapes: errors surface at torch.compile time
         specs = [self._spec(x) for x in example_inputs]
         if self.dynamic is None:

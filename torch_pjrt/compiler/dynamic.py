@@ -1,19 +1,34 @@
 """Dynamic shapes: graphs whose sizes are symbols (dynamic=True, mark_dynamic, automatic dynamic).
 
-AOTAutograd hands such graphs over with SymInt placeholders. XLA needs static shapes, so
-each distinct set of sizes gets its own executable of the same graph: sizes are static
-arguments of the graph's jax.jit, and Python-valued outputs (sizes saved for backward)
-are taken from the trace of those sizes. Results equal eager; Dynamo compiles the graph once.
+AOTAutograd hands such graphs over with SymInt placeholders. XLA needs static shapes, so a
+graph is compiled per *bucket*: every symbol is rounded up (to a power of two, or to the next
+size of the user's `buckets` list), inputs are zero-padded to the bucket, the graph runs padded
+(padding.py: per-op rules mask the padding wherever it could reach real elements, and sizes
+used as values get the real size, passed in as a traced vector), and outputs are sliced back.
+Executables per graph are bounded by the number of bucket combinations touched.
 
-Not done yet: rounding dynamic dims up to buckets (powers of two or a user list), padding
-and masking, which would bound executables by the bucket count. The `buckets` option is
-validated and reserved for it; setting it explicitly warns that it has no effect yet.
+A graph that padding.py cannot make exact (an op without a rule, a random op, a reshape
+splitting a padded dim, ...) falls back to one executable per distinct set of exact sizes:
+sizes are static arguments of the graph's jax.jit, and Python-valued outputs (sizes saved for
+backward) come from the trace of those sizes. The decision and its reason are recorded in
+`compile_stats()["dynamic_graphs"]`.
 """
 from __future__ import annotations
 
-import warnings
+import time
 
+import jax
+import numpy as np
 import torch
+
+from .. import storage
+from . import stats
+from .padding import NotPaddable, PaddedProgram, Wild, dim_for_expr, expand_layout, host_eval, pad_fn, sym_expr, \
+    unpad_fn
+
+# compound size expression (s0*s1) -> the flattening order a graph produced it in, so graphs reading
+# such a tensor back (backward reading saved activations) pad it in the same layout
+_LAYOUTS: dict = {}
 
 
 def hint(s):
@@ -24,28 +39,171 @@ def hint(s):
 
 
 def parse_buckets(value, explicit: bool = False):
+    """'pow2' (default): next power of two; a sorted list: next size in it (exact beyond the last);
+    None: no bucketing, one executable per exact size."""
     if value is None or value == "pow2":
-        parsed = value
-    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and v > 0 for v in value) \
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and v > 0 for v in value) \
             and list(value) == sorted(value):
-        parsed = tuple(value)
-    else:
-        raise ValueError(f"torch.compile(backend='pjrt'): option buckets must be 'pow2', None or a sorted list of "
-                         f"positive sizes, not {value!r}")
-    if explicit:
-        warnings.warn("torch.compile(backend='pjrt'): option buckets is not applied yet; each new size compiles "
-                      "its own executable (see docs/compile.md)")
-    return parsed
+        return tuple(value)
+    raise ValueError(f"torch.compile(backend='pjrt'): option buckets must be 'pow2', None or a sorted list of "
+                     f"positive sizes, not {value!r}")
+
+
+def bucket_of(n: int, buckets) -> int:
+    if buckets == "pow2":
+        return 1 << max(n - 1, 0).bit_length()
+    for b in buckets:
+        if b >= n:
+            return b
+    return n  # beyond the largest bucket: this size gets its own executable
 
 
 class DynamicPlan:
-    """Runs a graph with symbolic sizes: one executable per distinct set of sizes."""
+    """Runs a graph with symbolic sizes: padded per bucket, or per exact size when not paddable."""
 
-    def __init__(self, program, example_inputs, buckets):
-        self.program, self.buckets = program, buckets
+    def __init__(self, compiled, example_inputs, buckets):
+        self.compiled = compiled
+        self.program, self.buckets = compiled.program, buckets
+        self.padded = None
+        self.reason = None
+        start = time.perf_counter()
+        if buckets is None:
+            self.reason = "option buckets=None"
+        else:
+            try:
+                self._plan(example_inputs)
+            except NotPaddable as e:
+                self.reason = str(e)
+            except Exception as e:  # noqa: BLE001  (a rule's own failure: stay exact rather than wrong)
+                from .interpreter import LoweringError
 
+                if isinstance(e, LoweringError):
+                    raise
+                self.reason = f"padding failed: {type(e).__name__}: {e}"
+        if self.reason is not None:
+            self.padded = None
+        stats.append("dynamic_graphs", {"graph": self.program.name, "bucketed": self.padded is not None,
+                                        "reason": self.reason, "plan_seconds": time.perf_counter() - start})
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, example_inputs):
+        program = self.program
+        layouts, binders, symbols = [], {}, set()
+        for i, (node, x) in enumerate(zip(program.placeholders, example_inputs)):
+            if isinstance(x, torch.Tensor):
+                dims = []
+                for d, s in enumerate(x.shape):
+                    e = sym_expr(s)
+                    if e is not None:
+                        symbols |= e.free_symbols
+                        if e.is_Symbol:
+                            binders.setdefault(e, (i, d))
+                    dims.append(dim_for_expr(e, _LAYOUTS))
+                layouts.append(tuple(dims))
+            elif isinstance(x, torch.SymInt) and sym_expr(x) is not None:
+                e = sym_expr(x)
+                symbols |= e.free_symbols
+                if e.is_Symbol:
+                    binders.setdefault(e, (i, None))
+                layouts.append(e)
+            elif isinstance(x, (int, torch.SymInt)):
+                layouts.append(None)
+            else:
+                raise NotPaddable(f"input {i} of type {type(x).__name__}")
+        unbound = symbols - set(binders)
+        if unbound:
+            raise NotPaddable(f"sizes {sorted(map(str, unbound))} appear only inside expressions of the inputs")
+        self.symbols = sorted(binders, key=str)
+        self.binders = [binders[s] for s in self.symbols]
+        self.layouts = layouts
+        self.padded = PaddedProgram(program, layouts, self.symbols, _LAYOUTS)
+        c = self.compiled
+        from jax.sharding import SingleDeviceSharding
+
+        self.jit = jax.jit(self.padded.function, static_argnums=(0,), compiler_options=c.config.xla_options,
+                           in_shardings=SingleDeviceSharding(c.jax_device))
+        reals = {s: int(hint(example_inputs[i].shape[d] if d is not None else example_inputs[i]))
+                 for s, (i, d) in zip(self.symbols, self.binders)}
+        key, buckets = self._key(reals)
+        specs = []
+        for x, lay in zip(example_inputs, layouts):
+            if isinstance(lay, tuple):
+                shape = expand_layout(lay, [int(hint(s)) for s in x.shape], buckets, reals)[3]
+                from ..dtypes import to_jax
+
+                specs.append(jax.ShapeDtypeStruct(shape, to_jax(x.dtype)))
+        reals_spec = jax.ShapeDtypeStruct((len(self.symbols),), np.int64)
+        with stats.building(program.name):
+            self.jit.trace(key, c._seed_spec(), program.constants, reals_spec, *specs)
+
+    def _key(self, reals: dict):
+        key = tuple(bucket_of(reals[s], self.buckets) for s in self.symbols)
+        return key, dict(zip(self.symbols, key))
+
+    # ------------------------------------------------------------------ running
     def call(self, compiled, tensors):
+        if self.padded is None:
+            return self._call_exact(compiled, tensors)
+        reals = {}
+        for s, (i, d) in zip(self.symbols, self.binders):
+            reals[s] = int(tensors[i].shape[d]) if d is not None else int(tensors[i])
+        key, buckets = self._key(reals)
+        arrays = []
+        for i, lay in enumerate(self.layouts):
+            if not isinstance(lay, tuple):
+                continue
+            t = tensors[i]
+            if t.device.type == "pjrt":
+                x = storage.read(t)
+            else:
+                x = jax.device_put(storage.to_numpy(t), compiled.jax_device)
+            real_f, pad_f, real_s, pad_s = expand_layout(lay, tuple(t.shape), buckets, reals)
+            if tuple(t.shape) != real_s:
+                raise RuntimeError(f"pjrt compile: graph '{self.program.name}' input {i} has shape {tuple(t.shape)}, "
+                                   f"its symbolic sizes say {real_s}")
+            if real_f != pad_f:
+                x = pad_fn(real_f, pad_f, pad_s)(x)
+            arrays.append(x)
+        reals_vec = np.array([reals[s] for s in self.symbols], dtype=np.int64)
+        seeds = compiled._seeds()
+        stats.add("calls")
+        executables = stats._state["executables"]
+        before = stats.marker()
+        with stats.building(self.program.name):
+            outputs, new_values = self.jit(key, seeds, self.program.constants, reals_vec, *arrays)
+        if stats.marker() != before:
+            sizes = ", ".join(f"{s}={reals[s]}->{b}" for s, b in zip(self.symbols, key))
+            compiled._count_executable(f"new bucket: {sizes}")
+        if stats._state["executables"] == executables:
+            stats.add("cache_hits")
+        out_layouts, new_layouts = self.padded.output_layouts[key]
+        from .backend import _write_back
+
+        for i, value, lay in zip(self.program.mutated, new_values, new_layouts):
+            _write_back(tensors[i], _unpad(value, lay, buckets, reals))
+        python = [host_eval(v.expr, reals) if v.__class__.__name__ == "Size" else v
+                  for v in self.padded.python_outputs[key]]
+        arrays_out = iter(_unpad(o, lay, buckets, reals) for o, lay in zip(outputs, out_layouts))
+        results = []
+        for value, place in zip(python, compiled.output_places):
+            results.append(value if value is not None or place is None else place(next(arrays_out), compiled.device))
+        return results
+
+    def _call_exact(self, compiled, tensors):
         inputs = compiled._read_inputs(tensors)
         fn = compiled.donating if compiled.donating is not None and compiled._donatable(inputs) else compiled.plain
         outputs, new_values = compiled._execute(fn, compiled._seeds(), inputs)
         return compiled._finish(tensors, outputs, new_values, inputs)
+
+
+def _unpad(x, layout, buckets, reals):
+    if layout is None or all(d is None for d in layout):
+        return x
+    real_f, pad_f, real_s, pad_s = expand_layout(layout, tuple(x.shape), buckets, reals)
+    if real_f == pad_f:
+        return x
+    return unpad_fn(pad_f, real_f, real_s)(x)
+
+
+__all__ = ["DynamicPlan", "parse_buckets", "bucket_of", "hint", "Wild"]

@@ -39,6 +39,7 @@ def reset_compile_stats() -> None:
             xla_compile_seconds=0.0,
             backend_seconds=0.0,  # time in the backend itself (graph analysis, eager-fallback checks)
             eager_fallbacks=[],  # {"graph", "error"}: graphs that failed to lower and run eagerly (opt-in)
+            dynamic_graphs=[],  # {"graph", "bucketed", "reason"}: graphs with symbolic sizes, padded per bucket or not
             graph_names=[],  # "graph<N>_<forward|backward|inference>", N counting Dynamo graphs since the reset
             dynamo_graphs=0,
         )
@@ -54,6 +55,7 @@ def compile_stats() -> dict:
         snap["recompiles"] = list(_state["recompiles"])
         snap["eager_fallbacks"] = list(_state["eager_fallbacks"])
         snap["graph_names"] = list(_state["graph_names"])
+        snap["dynamic_graphs"] = list(_state["dynamic_graphs"])
     return snap
 
 
