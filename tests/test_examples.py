@@ -88,3 +88,15 @@ def test_hf_finetune_skips_without_transformers(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` raise ImportError
     assert load("hf_finetune").main(["--device", "cpu", "--steps", "1"]) == (None, None)
     assert "transformers is not installed" in capsys.readouterr().out
+
+
+def test_demo_command_runs_and_reports(capsys):
+    """`torch-pjrt demo` end to end at a tiny size: the table, the agreement line, a sample."""
+    from torch_pjrt import cli
+
+    assert cli.main(["demo", "--size", "tiny", "--steps", "8", "--cpu-steps", "8", "--batch-size", "2",
+                     "--sample-chars", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "loss curves, pjrt vs cpu" in out and "demo wall time" in out
+    agreement = float(out.split("max |difference| ")[1].split()[0])
+    assert agreement < 1e-4  # the first steps' losses agree closely

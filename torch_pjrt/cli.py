@@ -79,11 +79,14 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[t
         description="Train a small character-level GPT on the pjrt device with a progress bar, "
                     "then the same run on the CPU; print tokens/s on each, how closely the loss "
                     "curves agree, and text sampled from the model trained on pjrt.")
-    parser.add_argument("--steps", type=int, default=300, help="training steps on each device")
+    parser.add_argument("--steps", type=int, default=250, help="training steps on pjrt")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
     parser.add_argument("--size", choices=["small", "tiny"], default="small", help="model size")
+    parser.add_argument("--cpu-steps", type=int, default=40,
+                        help="steps of the CPU run (the first steps of the same run), for its speed and "
+                             "the loss curves' agreement")
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU run and the comparison")
-    parser.add_argument("--sample-chars", type=int, default=300, help="characters of text to generate")
+    parser.add_argument("--sample-chars", type=int, default=200, help="characters of text to generate")
     parser.set_defaults(run=_run_demo)
 
 
@@ -91,7 +94,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from torch_pjrt import demo
 
     return demo.run(steps=args.steps, batch_size=args.batch_size, size=args.size, cpu=not args.no_cpu,
-                    sample_chars=args.sample_chars)
+                    sample_chars=args.sample_chars, cpu_steps=args.cpu_steps)
 
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
