@@ -1,0 +1,137 @@
+"""Eager training step time on pjrt beside torch CPU eager, in the same run.
+
+    python benchmarks/train_eager.py               # markdown table + where pjrt's time goes
+    python benchmarks/train_eager.py --threads 1   # steadier CPU numbers on a shared machine
+
+Workloads (torch_pjrt.demo_models, the models the demo and the examples train):
+  gpt: char GPT, 4 layers, d=128, context 64, batch 8, AdamW + clip_grad_norm_ (DESIGN.md's reference step)
+  cnn: two conv + batch-norm + max-pool blocks and an MLP head on 1x16x16 images, batch 32, Adam
+Each number is the median step time over --steps steps after --warmup steps (the first
+compile pjrt's executables); pjrt steps end with torch.pjrt.synchronize().
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import torch_pjrt  # noqa: E402
+from torch_pjrt import demo_models as dm  # noqa: E402
+
+
+def gpt_workload(device):
+    data, model, opt = dm.gpt_setup(device, n_layer=4, n_embd=128, n_head=4, block_size=64)
+    generator = torch.Generator().manual_seed(1)
+
+    def step():
+        x, y = data.batch(generator, 8, 64)
+        _, loss = model(x.to(device), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+    return step
+
+
+def cnn_workload(device):
+    generator = torch.Generator().manual_seed(0)
+    images, labels = dm.shapes(generator, 256)
+    torch.manual_seed(0)
+    model = dm.CNN().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        i = torch.randint(len(images), (32,), generator=generator)
+        loss = F.cross_entropy(model(images[i].to(device)), labels[i].to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+WORKLOADS = {"gpt": gpt_workload, "cnn": cnn_workload}
+
+
+def sync(device):
+    if device == "pjrt":
+        torch.pjrt.synchronize()
+
+
+def step_times(make, device, warmup, steps):
+    step = make(device)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync(device)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), first, step
+
+
+def profile_step(step, device):
+    """(aten ops per step, top ops by self CPU time) of one more step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+        sync(device)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    # top-level aten calls only: the dispatcher's nested calls are counted in their parent
+    top_level = sum(1 for e in prof.events() if e.name.startswith("aten::") and
+                    (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return top_level, events[:8]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="gpt,cnn")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU rows")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    rows, profiles = [], {}
+    for name in args.workloads.split(","):
+        cpu, _, _ = step_times(WORKLOADS[name], "cpu", args.warmup, args.steps)
+        pjrt, first, step = step_times(WORKLOADS[name], "pjrt", args.warmup, args.steps)
+        rows.append((name, cpu, pjrt, first))
+        if not args.no_profile:
+            profiles[name] = profile_step(step, "pjrt")
+
+    print(f"torch {torch.__version__}, torch CPU threads {torch.get_num_threads()}, "
+          f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} steps\n")
+    print("| workload | torch CPU eager (ms/step) | pjrt eager (ms/step) | pjrt / CPU | pjrt first "
+          f"{args.warmup} steps (s) |")
+    print("|---|---|---|---|---|")
+    for name, cpu, pjrt, first in rows:
+        print(f"| {name} | {cpu * 1e3:.1f} | {pjrt * 1e3:.1f} | {pjrt / cpu:.2f}x | {first:.1f} |")
+    for name, (ops, top) in profiles.items():
+        pjrt = next(r[2] for r in rows if r[0] == name)
+        print(f"\n{name} on pjrt: {ops} top-level aten calls per step, {pjrt / ops * 1e6:.0f} us per call on average")
+        print("| op | calls | self CPU total (ms) |")
+        print("|---|---|---|")
+        for e in top:
+            print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} |")
+    print(f"\nCPU fallback ops seen: {torch_pjrt.fallback_ops() or 'none'}")
+    print(f"decomposed ops seen: {torch_pjrt.decomposed_ops() or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
