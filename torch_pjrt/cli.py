@@ -97,10 +97,53 @@ def _run_demo(args: argparse.Namespace) -> int:
                     sample_chars=args.sample_chars, cpu_steps=args.cpu_steps)
 
 
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "bench", help="benchmark workloads on pjrt, pjrt compiled, CPU, inductor (and CUDA)",
+        description="Run built-in workloads (mlp, cnn, gpt, hf) or your own model, in training "
+                    "and inference, on pjrt eager, torch.compile(backend='pjrt'), CPU eager, "
+                    "inductor and CUDA when available; report latency p50/p95, throughput, "
+                    "compile time, peak memory and cost per million tokens or samples.")
+    parser.add_argument("--quick", action="store_true",
+                        help="mlp and gpt only, small shapes, few steps (about a minute with "
+                             "warm compile caches on a 2-core CPU)")
+    parser.add_argument("--workloads", help="comma-separated: mlp,cnn,gpt,hf (default: all; "
+                                            "none when --model is given)")
+    parser.add_argument("--model", action="append", metavar="MODULE:FUNCTION",
+                        help="your workload: a function returning (model, example batch); "
+                             "MODULE may be a dotted name or path/to/file.py (repeatable)")
+    parser.add_argument("--modes", help="comma-separated: train,infer (default: both)")
+    parser.add_argument("--targets", help="comma-separated: pjrt,pjrt-compile,cpu,inductor,cuda,"
+                                          "cuda-inductor (default: all available)")
+    parser.add_argument("--steps", type=int, help="timed steps per row (default 30, --quick 8)")
+    parser.add_argument("--warmup", type=int, help="warm-up steps per row, the first compiles "
+                                                   "(default 3, --quick 2)")
+    parser.add_argument("--price", action="append", metavar="TARGET=USD_PER_HOUR",
+                        help="price per hour of a target or device, e.g. pjrt=1.2 cpu=0.1 "
+                             "(repeatable; defaults: cpu=0.1, cuda=2.5, tpu=1.2, pjrt priced "
+                             "as its platform)")
+    parser.add_argument("--json", metavar="PATH", help="write every field of every row as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of throughput bars (matplotlib)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); "
+                                                    "1 gives steadier CPU timings on a shared machine")
+    parser.add_argument("--cold", action="store_true",
+                        help="compile without inductor's and torch-pjrt's on-disk caches, so "
+                             "compile s is a fresh compile")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from torch_pjrt.tools import bench
+
+    return bench.main(args)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
     _add_audit,
     _add_doctor,
     _add_demo,
+    _add_bench,
 ]
 
 
