@@ -41,6 +41,9 @@ def _setup() -> None:
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")
+    from . import autocast
+
+    autocast.register()
     _after_import("torch._dynamo", _load_compiler)
     torch.utils.dlpack.to_dlpack = transfer.refuse_dlpack(torch.utils.dlpack.to_dlpack)
     torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)

@@ -25,6 +25,10 @@ def _index(device=None) -> int:
     return _rt.current_device() if device.index is None else device.index
 
 
+# torch.utils.checkpoint saves and restores a device's RNG state only when this is set.
+_initialized = True
+
+
 # -- devices ---------------------------------------------------------------------------
 def is_available() -> bool:
     return _rt.device_count() > 0

@@ -81,18 +81,31 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
     nbytes = _rt.storage_nbytes(t)
     if buf is None:
         dtype = to_jax(t.dtype)
-        buf = jnp.zeros((nbytes // dtype.itemsize,), dtype, device=platform.device(t.get_device()))
+        buf = jnp.full((nbytes // dtype.itemsize,), _uninitialized(dtype), dtype, device=platform.device(t.get_device()))
         _rt.set_buffer(t, buf, buf.shape, t.dtype)
     elif buf.size * buf.dtype.itemsize < nbytes:
-        grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype)(buf)
+        grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype, _uninitialized(buf.dtype))(buf)
         _rt.set_buffer(t, grown, grown.shape, to_torch(grown.dtype))
         buf = grown
     return buf
 
 
 @functools.lru_cache(256)
-def _grow(old: int, new: int, dtype):
-    return jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.zeros((new - old,), dtype)]))
+def _grow(old: int, new: int, dtype, fill):
+    return jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.full((new - old,), fill, dtype)]))
+
+
+def _uninitialized(dtype):
+    """What fresh memory reads as: zeros, or (deterministic mode with
+    torch.utils.deterministic.fill_uninitialized_memory) NaN / the largest integer, as torch does."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+        return 0
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return float("nan")
+    if dtype == np.bool_:
+        return True
+    return np.iinfo(dtype).max
 
 
 def _flat_as(buf: jax.Array, dtype) -> jax.Array:
@@ -229,6 +242,8 @@ _VIA_BITS = {torch.bfloat16: torch.int16} | {dt: torch.uint8 for dt in TORCH_TO_
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host tensor's values as a numpy array (no copy where possible)."""
+    if t._is_zerotensor():  # autograd's efficient zeros have no memory
+        t = torch.zeros(t.shape, dtype=t.dtype)
     t = t.detach().resolve_conj().resolve_neg().contiguous()
     bits = _VIA_BITS.get(t.dtype)
     if bits is not None:
