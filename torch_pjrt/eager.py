@@ -103,7 +103,8 @@ class Kernel:
         self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.static_args = static_positions(lowering, sig)
-        self.scalar_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR and i not in self.static_args)
+        self.scalar_args = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
+                                 if (k == SCALAR and i not in self.static_args) or n in lowering.traced)
         self.scalar_list_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
         self.device_arg = sig.names.index("device") if "device" in sig.names else None
         self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
@@ -215,7 +216,7 @@ class MutatingKernel:
         self.op = lowering.op
         sig = self.kernel.sig
         self.written = sig.written
-        aliases = {next(iter(a.alias_info.before_set)): i  # alias set name ("a") -> argument index
+        aliases = {next(iter(a.alias_info.before_set), None): i  # alias set ("a") -> argument index
                    for i, a in enumerate(lowering.op._schema.arguments) if i in sig.written}
         fresh = 0
         self.returns = []  # ("arg", index) for a return that is a written argument, ("new", k) otherwise

@@ -17,7 +17,8 @@ from .signature import SCALAR, STATIC, Signature
 def static_positions(lowering: Lowering, sig: Signature) -> tuple:
     return tuple(
         i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
-        if (kind == STATIC and name != "generator") or (kind == SCALAR and name in lowering.static)
+        if (kind == STATIC and name != "generator" and name not in lowering.traced)
+        or (kind == SCALAR and name in lowering.static)
     )
 
 

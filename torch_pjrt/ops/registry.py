@@ -38,12 +38,14 @@ class Lowering:
     static: frozenset  # names of Scalar arguments that must be concrete (shape-determining)
     jit: bool  # False: data-dependent output shape, runs op-by-op on concrete arrays
     random: bool  # True: receives `generator=` as a traced 64-bit seed even if the schema has none
+    traced: frozenset  # names of non-Scalar number arguments to trace anyway (a fused optimizer's lr)
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
-def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False) -> Callable:
+def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
+             traced: Iterable[str] = ()) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`."""
 
     def register(fn: Callable) -> Callable:
@@ -52,7 +54,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                 raise TypeError(f"lowering({op}): pass an overload such as aten.add.Tensor, not a packet")
             if op in LOWERINGS:
                 raise ValueError(f"{op} already has a lowering ({LOWERINGS[op].fn.__qualname__})")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random)
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced))
         return fn
 
     return register
