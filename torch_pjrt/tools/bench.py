@@ -149,8 +149,10 @@ def builtin_workload(name: str, size: str) -> Workload:
 
             _seed()
             cfg = transformers.GPT2Config(vocab_size=512, n_positions=s["block_size"], n_embd=s["n_embd"],
-                                          n_layer=s["n_layer"], n_head=s["n_head"])
+                                          n_layer=s["n_layer"], n_head=s["n_head"], bos_token_id=0,
+                                          eos_token_id=0)
             model = transformers.GPT2LMHeadModel(cfg)  # randomly initialised: no download
+            model.loss_type = "ForCausalLM"  # what transformers falls back to, minus its warning
             ids = torch.randint(512, (s["batch"], s["block_size"]), generator=torch.Generator().manual_seed(0))
             return _CausalLM(model), (ids,)
         return Workload("hf", build, _loss_from_wrapper, s["batch"], s["batch"] * s["block_size"],
@@ -283,7 +285,7 @@ def _target_unavailable(target: str) -> str | None:
 def _compile(model, target: str):
     if target not in ("pjrt-compile", "inductor", "cuda-inductor"):
         return model
-    if _defined_in_torch_pjrt(model):
+    if _defined_in_torch_pjrt(model) and hasattr(torch._dynamo, "dont_skip_tracing"):
         # torch_pjrt.compiler puts the whole torch_pjrt package on Dynamo's skip list (so it
         # never traces the eager kernels); the built-in models live in torch_pjrt too, and
         # Dynamo would silently run them eagerly. Let it trace them.
