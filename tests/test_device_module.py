@@ -133,3 +133,13 @@ def test_pinned_memory():
 def test_registered_and_fallback_counters_exist():
     assert "add.Tensor" in torch_pjrt.registered_ops()
     assert isinstance(torch_pjrt.fallback_ops(), dict)
+
+
+def test_synchronize_waits_for_work_whose_result_was_dropped():
+    from torch_pjrt import storage
+
+    a = torch.randn(1500, 1500, device="pjrt")
+    a @ a  # result dropped at once; its computation may still be running
+    dropped = storage._recent[-1]
+    torch.pjrt.synchronize()
+    assert dropped.is_ready()

@@ -28,7 +28,9 @@ def _setup() -> None:
     rt = _runtime.load()
     devices = platform.devices()
     if rt.device_count() == 0:  # once per process, even if a later step of a previous attempt failed
-        rt.init(len(devices), [platform.memory_capacity(i) for i in range(len(devices))], platform.synchronize)
+        from . import storage
+
+        rt.init(len(devices), [platform.memory_capacity(i) for i in range(len(devices))], storage.synchronize)
     torch.utils.rename_privateuse1_backend("pjrt")
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from . import device as device_module

@@ -59,13 +59,6 @@ def _jax_memory_stats(index: int) -> dict | None:
         return None
 
 
-def synchronize(index: int = -1) -> None:
-    """Wait for every computation that produced a live array on the device (-1: all)."""
-    target = None if index < 0 else device(index)
-    ready = [a for a in jax.live_arrays() if target is None or target in a.devices()]
-    jax.block_until_ready(ready)
-
-
 # Platforms whose XLA backend lacks a dtype (TPUs have no 64-bit floats).
 _MISSING_DTYPES = {"tpu": {"float64", "complex128"}}
 

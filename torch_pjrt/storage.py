@@ -13,6 +13,7 @@ shape is whatever produced it; its dtype may differ from a tensor's after view(d
 """
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 
@@ -28,7 +29,23 @@ from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
 _rt = _load_runtime()
 _rt.set_dtype_map(JAX_TO_TORCH)
 whole_buffer = _rt.whole_buffer  # tensor -> its buffer when it is exactly the buffer, else None
-wrap = _rt.wrap_array  # (jax array, device index) -> a new contiguous pjrt tensor owning the array
+
+# The latest results, so synchronize() also waits for work whose outputs were already
+# dropped (PJRT queues work per device; a few recent results cover what is in flight).
+_recent: collections.deque = collections.deque(maxlen=32)
+
+
+def wrap(array: jax.Array, device: int) -> torch.Tensor:
+    """A new contiguous pjrt tensor on `device` that owns `array`."""
+    _recent.append(array)
+    return _rt.wrap_array(array, device)
+
+
+def synchronize(index: int = -1) -> None:
+    """Block until the device (-1: every device) has finished all queued work."""
+    target = None if index < 0 else platform.device(index)
+    pending = [a for a in list(_recent) + jax.live_arrays() if target is None or target in a.devices()]
+    jax.block_until_ready(pending)
 
 
 # ---------------------------------------------------------------------------------
@@ -197,6 +214,7 @@ def write(t: torch.Tensor, value) -> None:
     if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == _rt.storage_nbytes(t):
         if not (isinstance(value, jax.Array) and value.shape == shape and value.dtype == dtype):
             value = _converter(shape, dtype)(value)
+        _recent.append(value)
         _rt.set_buffer(t, value, shape, t.dtype)
         return
     buf = _materialized_buffer(t)
@@ -208,6 +226,7 @@ def write(t: torch.Tensor, value) -> None:
     donate = sys.getrefcount(buf) <= 3
     new = _writer(shape, tuple(t.stride()), t.storage_offset(), buf.shape, dtype, donate)(buf, value)
     del buf
+    _recent.append(new)
     _rt.set_buffer(t, new, new.shape, t.dtype)
 
 

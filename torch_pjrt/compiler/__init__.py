@@ -22,12 +22,21 @@ def export(model, example_args, example_kwargs=None, **kwargs):
     return _export(model, example_args, example_kwargs, **kwargs)
 
 
+# The runtime's own Python: eager kernels the dispatcher calls, storage, the op table.
+# Inside a compiled region (e.g. backward after a graph break) Dynamo would otherwise try
+# to trace them. Only these: user-facing modules such as torch_pjrt.demo_models hold
+# ordinary models that must stay traceable.
+_RUNTIME_MODULES = (
+    "torch_pjrt._runtime", "torch_pjrt.platform", "torch_pjrt.storage", "torch_pjrt.eager", "torch_pjrt.fallback",
+    "torch_pjrt.transfer", "torch_pjrt.view_kernels", "torch_pjrt.device", "torch_pjrt.autocast", "torch_pjrt.ops",
+    "torch_pjrt.compiler", "jax", "jaxlib",
+)
+
+
 def _skip_in_dynamo() -> None:
-    # Eager pjrt kernels are Python functions the dispatcher calls; inside a compiled
-    # region (e.g. backward after a graph break) Dynamo would otherwise try to trace them.
     from torch._dynamo import trace_rules
 
-    for module in ("torch_pjrt", "jax", "jaxlib"):
+    for module in _RUNTIME_MODULES:
         trace_rules.add(module)
 
 
