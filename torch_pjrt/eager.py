@@ -99,7 +99,6 @@ class Kernel:
         self.lowering = lowering
         self.sig = sig = Signature.of(lowering.op)
         self.run = executable(lowering)
-        self.arity = len(sig.names)
         self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.static_args = static_positions(lowering, sig)
@@ -112,13 +111,18 @@ class Kernel:
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
-        values = list(args) if not kwargs and len(args) == self.arity else self.sig.bind(args, kwargs)
+        values = self.sig.bind(args, kwargs)
         device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
         names, op = self.sig.names, self.op
         for i in self.tensor_args:
             t = values[i]
             if isinstance(t, torch.Tensor):
-                values[i], device = _operand(op, names[i], t, device)
+                index = t.get_device()
+                buf = storage.whole_buffer(t) if index >= 0 and (device is None or index == device) else None
+                if buf is not None:  # the hot path: a pjrt tensor that is exactly its buffer
+                    values[i], device = buf, index
+                else:
+                    values[i], device = _operand(op, names[i], t, device)
         for i in self.list_args:
             if values[i] is not None:
                 arrays = []
@@ -151,7 +155,12 @@ class Kernel:
 
     def __call__(self, *args, **kwargs):
         result, device = self.compute(args, kwargs)
+        if type(result) is _ARRAY:  # the common case, without isinstance's ABC machinery
+            return storage.wrap(result, device)
         return _wrap(result, device)
+
+
+_ARRAY = type(jnp.zeros(()))  # jax's concrete array class
 
 
 def _check_castable(op, result_dtype, out: torch.Tensor):

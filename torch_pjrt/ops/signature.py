@@ -35,6 +35,7 @@ class Signature:
     kwarg_only: tuple  # bool per argument
     defaults: tuple  # default per argument (a sentinel where required)
     written: tuple  # indices of arguments the op writes (self for op_, out args for .out)
+    required: int  # arguments up to the last one without a default
 
     @staticmethod
     @functools.lru_cache(None)
@@ -46,10 +47,13 @@ class Signature:
             kwarg_only=tuple(a.kwarg_only for a in args),
             defaults=tuple(_default(a) for a in args),
             written=tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write),
+            required=max((i + 1 for i, a in enumerate(args) if not a.has_default_value()), default=0),
         )
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         """All argument values in schema order (defaults filled in)."""
+        if not kwargs and len(args) >= self.required:  # the dispatcher's usual call: trailing defaults omitted
+            return [*args, *self.defaults[len(args):]]
         values = list(args) + [_REQUIRED] * (len(self.names) - len(args))
         for i in range(len(args), len(self.names)):
             v = kwargs.get(self.names[i], self.defaults[i])
