@@ -143,3 +143,17 @@ def test_synchronize_waits_for_work_whose_result_was_dropped():
     dropped = storage._recent[-1]
     torch.pjrt.synchronize()
     assert dropped.is_ready()
+
+
+def test_accelerator_memory_functions():
+    torch.accelerator.reset_peak_memory_stats()
+    before = torch.accelerator.memory_allocated()
+    x = torch.empty(256, 256, device="pjrt")  # 256 KiB
+    assert torch.accelerator.memory_allocated() - before == 256 * 1024
+    assert torch.accelerator.max_memory_allocated() >= before + 256 * 1024
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == torch.pjrt.memory_allocated()
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total
+    del x
+    torch.accelerator.empty_cache()
+    assert torch.accelerator.memory_allocated() == before

@@ -23,6 +23,7 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -61,6 +62,8 @@ struct DeviceMemory {
   std::atomic<int64_t> peak{0};
   std::atomic<int64_t> allocations{0};
   std::atomic<int64_t> frees{0};
+  std::atomic<int64_t> bytes_allocated_total{0};
+  std::atomic<int64_t> bytes_freed_total{0};
   std::atomic<int64_t> oom{0};
   int64_t limit = INT64_MAX;
 };
@@ -129,12 +132,14 @@ static void release_holder(void* ctx) {
   }
   auto& mem = g_memory[h->device];
   mem.allocated -= int64_t(h->nbytes);
+  mem.bytes_freed_total += int64_t(h->nbytes);
   mem.frees++;
   g_arena.give_back(h->handle, h->nbytes);
   delete h;
 }
 
-struct PjrtAllocator final : public c10::Allocator {
+// A DeviceAllocator, so torch.accelerator's memory functions work on pjrt too.
+struct PjrtAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override { return allocate_on(g_current_device, nbytes); }
 
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
@@ -157,6 +162,7 @@ struct PjrtAllocator final : public c10::Allocator {
     while (now > peak && !mem.peak.compare_exchange_weak(peak, now)) {
     }
     mem.allocations++;
+    mem.bytes_allocated_total += int64_t(nbytes);
     return {h->handle, h, &release_holder, c10::Device(kPjrt, device)};
   }
 
@@ -164,6 +170,45 @@ struct PjrtAllocator final : public c10::Allocator {
 
   void copy_data(void*, const void*, std::size_t) const override {
     TORCH_CHECK(false, "pjrt: device memory cannot be copied byte-wise; use Tensor.copy_() or .to()");
+  }
+
+  bool initialized() override { return g_device_count > 0; }
+  void emptyCache(c10::MempoolId_t) override {}  // no cache: PJRT frees a buffer with its last storage
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one queue per device
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    auto& m = g_memory[checked_index(device)];
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    auto& bytes = stats.allocated_bytes[0];  // index 0: the aggregate over pools
+    bytes.current = m.allocated.load();
+    bytes.peak = m.peak.load();
+    bytes.allocated = m.bytes_allocated_total.load();
+    bytes.freed = m.bytes_freed_total.load();
+    stats.reserved_bytes[0] = bytes;  // nothing is cached: reserved == allocated
+    stats.active_bytes[0] = bytes;
+    stats.requested_bytes[0] = bytes;
+    auto& count = stats.allocation[0];
+    count.allocated = m.allocations.load();
+    count.freed = m.frees.load();
+    count.current = count.allocated - count.freed;
+    count.peak = count.current;
+    stats.active[0] = count;
+    stats.num_ooms = m.oom.load();
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    auto& m = g_memory[checked_index(device)];
+    m.bytes_allocated_total = 0;
+    m.bytes_freed_total = 0;
+    m.oom = 0;
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    auto& m = g_memory[checked_index(device)];
+    m.peak = m.allocated.load();
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto& m = g_memory[checked_index(device)];
+    return {size_t(std::max<int64_t>(0, m.limit - m.allocated.load())), size_t(m.limit)};
   }
 
   static std::string format_bytes(size_t n) {
