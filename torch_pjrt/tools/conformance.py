@@ -212,11 +212,27 @@ def clone_cpu(x, requires_grad: bool = False):
     return _map(copy, x)
 
 
+def _pjrt_devices(x):
+    """Samples are built for device "cpu"; factory arguments (device=) must say pjrt."""
+    import torch
+
+    if isinstance(x, torch.device) and x.type == "cpu":
+        return torch.device("pjrt")
+    if isinstance(x, str) and x == "cpu":
+        return "pjrt"
+    if isinstance(x, dict):
+        return {k: (_pjrt_devices(v) if k == "device" or isinstance(v, (list, tuple, dict)) else v)
+                for k, v in x.items()}
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields") and not hasattr(x, "n_fields"):
+        return type(x)(_pjrt_devices(v) if isinstance(v, (torch.device, dict, list, tuple, str)) else v for v in x)
+    return x
+
+
 def to_pjrt(x, requires_grad: bool = False):
     def move(t):
         m = t.detach().to("pjrt")
         return m.requires_grad_(True) if requires_grad and t.requires_grad else m
-    return _map(move, x)
+    return _pjrt_devices(_map(move, x))
 
 
 def same_layout_on_pjrt(x):
@@ -230,7 +246,7 @@ def same_layout_on_pjrt(x):
         n = t.untyped_storage().nbytes() // t.element_size()
         flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
         return flat.to("pjrt").as_strided(t.size(), t.stride(), t.storage_offset())
-    return _map(rebuild, x)
+    return _pjrt_devices(_map(rebuild, x))
 
 
 def _to_cpu(x):
@@ -373,12 +389,27 @@ def _seeded(fn, seed: int = 0):
     return fn()
 
 
+# OpInfos whose output values are undefined (uninitialized memory): compared on metadata.
+UNDEFINED_VALUES = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
+# OpInfos with tensor arguments that the op requires on the CPU (torch's own device tests
+# build these samples on the device and keep such arguments on the CPU).
+CPU_ARGUMENTS = {"tensor_split"}
+
+
 class Context:
     """Per-op state shared by the checks of one dtype."""
 
     def __init__(self, op, dtype, tol, max_samples):
         self.op, self.dtype, self.tol, self.max_samples = op, dtype, tol, max_samples
         self.random = False
+        self.meta_only = op.name in UNDEFINED_VALUES
+
+    def move(self, triple, mover):
+        """The sample's tensors on pjrt (by `mover`), except arguments the op needs on the CPU."""
+        if self.op.name in CPU_ARGUMENTS:
+            inp, args, kwargs = triple
+            return mover(inp), args, kwargs
+        return mover(triple)
 
     def samples(self, requires_grad=False, keep=None):
         """The OpInfo's sample inputs (seeded), at most max_samples of those `keep` accepts."""
@@ -398,7 +429,7 @@ def _cpu_reference(ctx, sample, fn=None):
 
 
 def _compare(ctx, actual, expected, where=""):
-    if ctx.random:
+    if ctx.random or ctx.meta_only:
         compare_meta(actual, expected, where)
     else:
         compare(actual, expected, ctx.tol, where)
@@ -471,12 +502,12 @@ def check_forward(ctx, samples):
             expected = _cpu_reference(ctx, sample)
         except Exception as e:  # noqa: BLE001
             return f"CPU raises on every sample ({_summary(e)})"
-        moved = to_pjrt(_triple(sample))
+        moved = ctx.move(_triple(sample), to_pjrt)
         actual = _seeded(lambda: sample.output_process_fn_grad(_call(ctx.op, moved)))
         actual, expected = _indices_as_values(ctx, sample, actual, expected, moved[0])
         _compare(ctx, actual, expected)
         if ctx.random:  # same seed, same numbers
-            again = _seeded(lambda: sample.output_process_fn_grad(_call(ctx.op, to_pjrt(_triple(sample)))))
+            again = _seeded(lambda: sample.output_process_fn_grad(_call(ctx.op, ctx.move(_triple(sample), to_pjrt))))
             try:
                 compare_cpu_exact(_to_cpu(actual), _to_cpu(again))
             except AssertionError:
@@ -488,6 +519,11 @@ def check_forward(ctx, samples):
 def has_noncontiguous(sample) -> bool:
     """Whether the sample's .noncontiguous() version has a noncontiguous tensor at all
     (it leaves 0-d and one-element tensors alone)."""
+    import torch
+
+    tensors = _tensors(_triple(sample))
+    if any(t.layout != torch.strided for t in tensors):  # sparse inputs have no strides to vary
+        return False
     return any(not t.is_contiguous() for t in _tensors(_triple(sample.noncontiguous())))
 
 
@@ -501,7 +537,7 @@ def check_noncontiguous(ctx, samples):
             expected = _cpu_reference(ctx, nc)
         except Exception as e:  # noqa: BLE001
             return f"CPU raises on every noncontiguous sample ({_summary(e)})"
-        moved = same_layout_on_pjrt(_triple(nc))
+        moved = ctx.move(_triple(nc), same_layout_on_pjrt)
         actual = _seeded(lambda: nc.output_process_fn_grad(_call(ctx.op, moved)))
         actual, expected = _indices_as_values(ctx, nc, actual, expected, moved[0])
         _compare(ctx, actual, expected)
@@ -541,14 +577,14 @@ def check_gradient(ctx, samples):
             return f"CPU backward raises on every sample ({_summary(e)})"
         if expected is None:
             return "no sample has a differentiable output"
-        actual = _seeded(lambda: _grads(ctx.op, sample, to_pjrt(_triple(sample), requires_grad=True)))
+        actual = _seeded(lambda: _grads(ctx.op, sample, ctx.move(_triple(sample), lambda x: to_pjrt(x, True))))
         if actual is None:
             raise Mismatch("no differentiable output on pjrt")
         actual = [a if a is not None else None for a in actual]
         if [a is None for a in actual] != [e is None for e in expected]:
             raise Mismatch(f"gradients defined for inputs {[a is not None for a in actual]}, "
                            f"CPU {[e is not None for e in expected]}")
-        compare(list(actual), list(expected), ctx.tol, "grad")
+        compare(list(actual), list(expected), ctx.tol, "input gradients")
         return True
     return _run_samples(ctx, samples, one)
 
@@ -590,7 +626,7 @@ def check_out(ctx, samples):
             return f"CPU rejects out= on every sample ({_summary(e)})"
         for what, shape_fn in (("out=", lambda s: s), ("out= resized from empty", _wrong_shape),
                                ("out= resized from a wrong shape", _other_shape)):
-            inp, args, kwargs = to_pjrt(_triple(sample))
+            inp, args, kwargs = ctx.move(_triple(sample), to_pjrt)
             out = _out_like(raw, "pjrt", shape_fn)
             import warnings
 
@@ -620,7 +656,7 @@ def check_inplace(ctx, samples):
             cpu_error = None
         except Exception as e:  # noqa: BLE001
             cpu_error = e
-        moved = to_pjrt(_triple(sample))
+        moved = ctx.move(_triple(sample), to_pjrt)
         if cpu_error is not None:
             try:
                 _seeded(lambda: _call(fn, moved))
@@ -919,8 +955,9 @@ def is_core_aten(name: str):
 
 def normalize_reason(reason: str) -> str:
     """A failure reason without its numbers, shapes and sample indices, for grouping."""
-    r = re.sub(r"^sample \d+: ", "", reason)
-    r = re.sub(r"output \d+", "output N", r)
+    r = re.sub(r"sample \d+: ", "", reason)
+    r = re.sub(r"output \d+: ", "", r)
+    r = re.sub(r"(Scalars|Tensor-likes) are not (close|equal)!.*", "values differ", r)
     r = re.sub(r"\[[\d, ]*\]", "[...]", r)
     r = re.sub(r"\(\d+(, ?\d+)*,?\)", "(...)", r)
     r = re.sub(r"torch\.\w+", "DTYPE", r) if "dtype" in r else r
@@ -930,6 +967,18 @@ def normalize_reason(reason: str) -> str:
 
 
 UNSUPPORTED_DTYPE = "is not supported on pjrt devices"
+
+
+def dtype_class(dtype: str) -> str:
+    if dtype.startswith("complex"):
+        return "complex"
+    if dtype in ("float16", "bfloat16") or dtype.startswith("float8"):
+        return "half/bf16"
+    if dtype in ("float32", "float64"):
+        return "float32/64"
+    if dtype == "-":
+        return "-"
+    return "int/bool"
 
 
 def _pct(n, d):
@@ -1001,7 +1050,8 @@ def render(records, meta) -> str:
     by_design = collections.Counter(c["check"] for c in cases
                                     if c["status"] == "error" and UNSUPPORTED_DTYPE in c["reason"])
     if by_design:
-        kinds = sorted({c["dtype"] for c in cases if c["status"] == "error" and UNSUPPORTED_DTYPE in c["reason"]})
+        kinds = sorted({m.group(1) for c in cases if c["status"] == "error" and UNSUPPORTED_DTYPE in c["reason"]
+                        for m in [re.search(r"dtype torch\.(\w+) is not supported", c["reason"])] if m})
         w(f"Of the errors, {sum(by_design.values())} are dtypes pjrt refuses by design with a clear error "
           f"({', '.join(kinds)}: XLA has no such type). They count as failures above; without them the forward "
           f"rate is {_pct(fwd_p, fwd_n - by_design['forward'])} and the gradient rate "
@@ -1040,14 +1090,16 @@ def render(records, meta) -> str:
     if failures:
         groups = collections.defaultdict(list)
         for c in failures:
-            groups[(c["status"], normalize_reason(c["reason"]))].append(c)
-        w("| cases | status | reason (numbers elided) | OpInfos |")
-        w("|---:|---|---|---|")
+            groups[(c["status"], normalize_reason(c["reason"]), dtype_class(c["dtype"]))].append(c)
+        w("Grouped by status, reason (numbers, shapes and sample indices elided) and dtype class.")
+        w("")
+        w("| cases | status | dtypes | reason | OpInfos |")
+        w("|---:|---|---|---|---|")
         ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-        for (status, reason), cs in ranked[:40]:
+        for (status, reason, kind), cs in ranked[:40]:
             ops = sorted({c["op"] for c in cs})
-            shown = ", ".join(f"`{o}`" for o in ops[:8]) + (f" and {len(ops) - 8} more" if len(ops) > 8 else "")
-            w(f"| {len(cs)} | {status} | {_esc(reason)} | {shown} |")
+            shown = ", ".join(f"`{o}`" for o in ops[:10]) + (f" and {len(ops) - 10} more" if len(ops) > 10 else "")
+            w(f"| {len(cs)} | {status} | {kind} | {_esc(reason)} | {shown} |")
         if len(ranked) > 40:
             w(f"| ... | | {len(ranked) - 40} more distinct reasons, all listed per op below | |")
     else:
@@ -1101,13 +1153,32 @@ def render(records, meta) -> str:
         w("None.")
     w("")
 
+    refused = [c for c in failures if c["status"] == "error" and UNSUPPORTED_DTYPE in c["reason"]]
+    if refused:
+        w("## Cases in dtypes pjrt refuses by design")
+        w("")
+        w(f"These errors all read `TypeError: pjrt: dtype ... {UNSUPPORTED_DTYPE} (JAX/XLA has no such type)`.")
+        w("")
+        w("| dtype | check | cases | OpInfos |")
+        w("|---|---|---:|---|")
+        table = collections.defaultdict(set)
+        for c in refused:
+            table[(c["dtype"], c["check"])].add(c["op"])
+        for (dtype, check), ops in sorted(table.items(), key=lambda kv: (kv[0][0], CHECKS.index(kv[0][1]))):
+            w(f"| {dtype} | {CHECK_TITLES[check]} | {len(ops)} | {', '.join(f'`{o}`' for o in sorted(ops))} |")
+        w("")
+
     w("## Every failure, by op")
     w("")
+    if refused:
+        w("(Cases in dtypes pjrt refuses by design are in the table above, not repeated here.)")
+        w("")
     if not failures:
         w("None.")
     by_op = collections.defaultdict(list)
     for c in failures:
-        by_op[c["op"]].append(c)
+        if not (c["status"] == "error" and UNSUPPORTED_DTYPE in c["reason"]):
+            by_op[c["op"]].append(c)
     for op in sorted(by_op):
         w(f"### `{op}` ({ops_family[op]})")
         w("")
@@ -1156,6 +1227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=0,
                         help="minutes; ops not started by then are recorded as skipped (not run)")
     parser.add_argument("--from-json", help="render the report from a previous --json file without running")
+    parser.add_argument("--merge", help="a previous --json file: rerun only --ops and replace their cases in it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -1189,6 +1261,11 @@ def main(argv=None) -> int:
                 "command": "python -m torch_pjrt.tools.conformance " + " ".join(argv if argv is not None
                                                                                 else sys.argv[1:]),
                 "seconds": round(time.monotonic() - t0, 1), "max_samples": max_samples, "timeout": args.timeout}
+        if args.merge:
+            old = json.load(open(args.merge))
+            rerun = set(names)
+            records = [r for r in old["records"] if r["op"] not in rerun] + records
+            meta = dict(old["meta"], command=old["meta"]["command"] + "; then " + meta["command"])
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"meta": meta, "records": records}, f, indent=0)
