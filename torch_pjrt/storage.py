@@ -44,8 +44,16 @@ def wrap(array: jax.Array, device: int) -> torch.Tensor:
 def synchronize(index: int = -1) -> None:
     """Block until the device (-1: every device) has finished all queued work."""
     target = None if index < 0 else platform.device(index)
-    pending = [a for a in list(_recent) + jax.live_arrays() if target is None or target in a.devices()]
+    pending = [a for a in list(_recent) + jax.live_arrays()
+               if not a.is_deleted() and (target is None or target in a.devices())]
     jax.block_until_ready(pending)
+
+
+def unshared(array: jax.Array, holders: int) -> bool:
+    """True when only `holders` references (e.g. the storage and the caller) hold `array`,
+    not counting synchronize's bookkeeping: then it can be donated to XLA."""
+    bookkeeping = sum(1 for a in _recent if a is array)
+    return sys.getrefcount(array) - bookkeeping <= holders + 2  # + this parameter + getrefcount's argument
 
 
 # ---------------------------------------------------------------------------------
@@ -222,8 +230,7 @@ def write(t: torch.Tensor, value) -> None:
         flat = jax.jit(_flat_as, static_argnums=1)(buf, dtype)
         _rt.set_buffer(t, flat, flat.shape, t.dtype)
         buf = flat
-    # donate only if the storage is the buffer's sole owner (storage + `buf` + getrefcount's arg)
-    donate = sys.getrefcount(buf) <= 3
+    donate = unshared(buf, holders=2)  # the storage and `buf`: nobody else sees the old value
     new = _writer(shape, tuple(t.stride()), t.storage_offset(), buf.shape, dtype, donate)(buf, value)
     del buf
     _recent.append(new)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 import warnings
 
@@ -254,8 +253,8 @@ class CompiledGraph:
 
     def _donatable(self, inputs) -> bool:
         for i in self.mutated:
-            # held by: its storage, `inputs`, getrefcount's argument. More: a view or another input shares it.
-            if not isinstance(inputs[i], jax.Array) or sys.getrefcount(inputs[i]) > 3:
+            # held by its storage and `inputs`; more holders: a view or another input shares it
+            if not isinstance(inputs[i], jax.Array) or not storage.unshared(inputs[i], holders=2):
                 return False
         return True
 

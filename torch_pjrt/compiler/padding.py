@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import sys
 
 import jax
 import jax.numpy as jnp
