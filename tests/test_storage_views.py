@@ -251,3 +251,17 @@ def test_numpy_raises_type_error_like_cuda():
     with pytest.raises(TypeError, match="can't convert pjrt:0 device type tensor to numpy"):
         torch.ones(2, device=DEV).numpy()
     np.testing.assert_array_equal(torch.ones(2, device=DEV).cpu().numpy(), np.ones(2, np.float32))
+
+
+def test_lazy_conjugate_and_negative_bits_are_applied():
+    cpu = torch.tensor([1 + 2j, 3 - 4j])
+    dev = cpu.to(DEV)
+    same(dev.conj(), cpu.conj())
+    same(dev.conj() * 2, cpu.conj() * 2)
+    same(torch.neg(dev.conj()), torch.neg(cpu.conj()))
+    same(dev.conj().imag, cpu.conj().imag)
+    x_cpu = torch.tensor([1 + 1j, 2 - 1j], requires_grad=True)
+    x_dev = x_cpu.detach().to(DEV).requires_grad_()
+    (x_cpu * x_cpu.conj()).real.sum().backward()
+    (x_dev * x_dev.conj()).real.sum().backward()
+    torch.testing.assert_close(x_dev.grad.cpu(), x_cpu.grad)

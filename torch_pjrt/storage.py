@@ -72,7 +72,8 @@ def read_lazily(t: torch.Tensor):
     if buf is not None:
         return buf
     buf = _materialized_buffer(t)
-    return StridedView(buf, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype)))
+    return StridedView(buf, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype),
+                             t.is_conj(), t.is_neg()))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -170,8 +171,15 @@ def _reader(geometry: tuple):
     return jax.jit(lambda buf: read_view(buf, *geometry))
 
 
-def read_view(buf, size, stride, offset, dtype):
-    """The value of the view (size, stride, offset, dtype) of a storage buffer."""
+def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
+    """The value of the view (size, stride, offset, dtype) of a storage buffer, with
+    torch's lazy conjugate and negative bits applied."""
+    x = _strided(buf, size, stride, offset, dtype)
+    x = jnp.conj(x) if conj else x
+    return -x if neg else x
+
+
+def _strided(buf, size, stride, offset, dtype):
     flat = _flat_as(buf, dtype)
     dims = _memory_order(size, stride)
     if dims is None:  # overlapping windows: gather
@@ -219,6 +227,8 @@ def write(t: torch.Tensor, value) -> None:
     """Store `value` (broadcastable to t, any dtype: converted like copy_) into pjrt tensor t."""
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)
+    if t.is_conj() or t.is_neg():  # store what the lazy bits will turn back into `value`
+        value = _unbit(t.is_conj(), t.is_neg())(value)
     if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == _rt.storage_nbytes(t):
         if not (isinstance(value, jax.Array) and value.shape == shape and value.dtype == dtype):
             value = _converter(shape, dtype)(value)
@@ -235,6 +245,11 @@ def write(t: torch.Tensor, value) -> None:
     del buf
     _recent.append(new)
     _rt.set_buffer(t, new, new.shape, t.dtype)
+
+
+@functools.lru_cache(4)
+def _unbit(conj: bool, neg: bool):
+    return jax.jit(lambda v: -(jnp.conj(v) if conj else v) if neg else (jnp.conj(v) if conj else v))
 
 
 @functools.lru_cache(1024)

@@ -533,11 +533,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // Python interface (used by storage.py and device.py only)
 // ---------------------------------------------------------------------------
 // The buffer if `t` is exactly its storage's buffer (same shape, dtype, offset 0,
-// contiguous), else None: the zero-cost read of the eager hot path.
+// contiguous, no lazy conj/neg bit), else None: the zero-cost read of the eager hot path.
 py::object whole_buffer(const at::Tensor& t) {
   Holder* h = holder_of(t.storage());
   if (!h || !h->buffer || t.storage_offset() != 0 || t.scalar_type() != h->dtype ||
-      t.sizes() != c10::IntArrayRef(h->shape) || !t.is_contiguous()) {
+      t.sizes() != c10::IntArrayRef(h->shape) || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
     return py::none();
   }
   return py::reinterpret_borrow<py::object>(h->buffer);
