@@ -309,3 +309,29 @@ def test_dynamic_sequence_lengths_match_eager_with_one_dynamo_graph():
     buckets = {1 << (T - 1).bit_length() for T in lengths}  # 4, 8, 16, 32
     assert s["executables"] <= 2 * len(buckets), s
     assert all(r["reason"].startswith("new bucket") for r in s["recompiles"]), s["recompiles"]
+
+
+# ------------------------------------------------------------------------- Hugging Face
+def test_hf_gpt2_forward_backward_and_step_match_cpu():
+    transformers = pytest.importorskip("transformers", reason="the Hugging Face test needs transformers (test extra)")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=64,
+                                     attn_implementation="eager", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(config)
+    model = to_pjrt(ref)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    compiled = torch.compile(model, backend="pjrt")
+    for step in range(2):
+        ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(step))
+        loss = compiled(ids.to("pjrt"), labels=ids.to("pjrt")).loss
+        loss_ref = ref(ids, labels=ids).loss
+        close(loss, loss_ref, atol=1e-4, rtol=1e-4)
+        loss.backward()
+        loss_ref.backward()
+        opt.step(), opt_ref.step()
+        opt.zero_grad(), opt_ref.zero_grad()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        close(a, b, atol=1e-4, rtol=1e-4)
+    s = compile_stats()
+    assert s["graphs"] >= 2 and s["executables"] >= 2 and not s["eager_fallbacks"], s
