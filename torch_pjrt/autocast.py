@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from .fallback import flat_arguments
+
 aten = torch.ops.aten
 _KEY = "AutocastPrivateUse1"
 _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
@@ -79,14 +81,6 @@ def _cast(x, dtype):
     return x
 
 
-def _flat(args, kwargs):
-    for x in list(args) + list(kwargs.values()):
-        if isinstance(x, (list, tuple)):
-            yield from x
-        else:
-            yield x
-
-
 def _lower_precision(op):
     def kernel(*args, **kwargs):
         dtype = torch.get_autocast_dtype(_DEVICE_TYPE)
@@ -121,7 +115,7 @@ def _float32_dtype(op):
 def _promote(op):
     def kernel(*args, **kwargs):
         widest = torch.get_autocast_dtype(_DEVICE_TYPE)
-        for x in _flat(args, kwargs):
+        for x in flat_arguments(args, kwargs):
             if _eligible(x):
                 widest = torch.promote_types(widest, x.dtype)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):

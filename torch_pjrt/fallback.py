@@ -55,7 +55,7 @@ def run(op, *args, **kwargs):
         finally:
             _decomposing.discard(op)
     how = mode()
-    devices = sorted({str(x.device) for x in _flat(args, kwargs) if isinstance(x, torch.Tensor)})
+    devices = sorted({str(x.device) for x in flat_arguments(args, kwargs) if isinstance(x, torch.Tensor)})
     if how == "error":
         raise NotImplementedError(
             f"pjrt: {name} has no pjrt lowering (devices: {', '.join(devices)}) and TORCH_PJRT_FALLBACK=error "
@@ -73,7 +73,8 @@ def run(op, *args, **kwargs):
     return _on_cpu(op, args, kwargs)
 
 
-def _flat(args, kwargs):
+def flat_arguments(args, kwargs):
+    """Every argument of a call, with lists and tuples opened one level."""
     for x in list(args) + list(kwargs.values()):
         if isinstance(x, (list, tuple)):
             yield from x
@@ -95,9 +96,9 @@ def _written(op, args, kwargs, cpu_args, cpu_kwargs):
 
 
 def _on_cpu(op, args, kwargs):
-    device = next((x.get_device() for x in _flat(args, kwargs) if _is_pjrt(x)), None)
+    device = next((x.get_device() for x in flat_arguments(args, kwargs) if _is_pjrt(x)), None)
     if device is None:  # a factory: the device argument says where
-        where = next((x for x in _flat(args, kwargs) if isinstance(x, torch.device) and x.type == "pjrt"), None)
+        where = next((x for x in flat_arguments(args, kwargs) if isinstance(x, torch.device) and x.type == "pjrt"), None)
         device = where.index if where is not None and where.index is not None else torch.pjrt.current_device()
     twins: dict[int, torch.Tensor] = {}  # id(cpu twin) -> pjrt original
     cpu_args = [_to_cpu(a, twins) for a in args]
