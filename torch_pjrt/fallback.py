@@ -115,7 +115,7 @@ def _on_cpu(op, args, kwargs):
 # the call's tensors alive until the next garbage collection)
 def _to_cpu(x, twins: dict):
     if _is_pjrt(x):
-        twin = storage.download(x).clone()  # resizable, for out= arguments
+        twin = storage.download(x)
         twins[id(twin)] = x
         return twin
     if isinstance(x, (list, tuple)):

@@ -293,12 +293,12 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
-    """A fresh, writable host tensor holding a copy of `a`."""
+    """A fresh, writable, resizable host tensor holding a copy of `a` (torch.tensor copies)."""
     dtype = to_torch(a.dtype)
     bits = _VIA_BITS.get(dtype)
     if bits is not None:
-        return torch.from_numpy(np.array(a).view(to_jax(bits))).view(dtype)
-    return torch.from_numpy(np.array(a, copy=True))
+        return torch.tensor(a.view(to_jax(bits))).view(dtype)
+    return torch.tensor(a)
 
 
 def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Array:
