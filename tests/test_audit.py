@@ -334,8 +334,7 @@ def test_fix_diff_of_the_small_project_is_exact(capsys: pytest.CaptureFixture[st
 
 
 # The fixed copy's own tests run on the device that torch.accelerator reports. "cpu": pjrt's
-# autoload is off, so there is no accelerator. TODO(lead): add
-# "pjrt": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"} once the pjrt device runs these ops.
+# autoload is off, so there is no accelerator; "pjrt": autoloaded, pjrt is the accelerator.
 DEVICE_ENVIRONMENTS = {"cpu": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, "pjrt": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}}
 
 
