@@ -1,5 +1,6 @@
 """Bad input raises what CUDA raises, names the op and devices, and loses nothing."""
 import os
+import re
 import subprocess
 import sys
 
@@ -91,3 +92,39 @@ def test_fallback_modes():
     assert error.returncode != 0 and "NotImplementedError" in error.stderr and "pjrt_test.twice" in error.stderr
     silent = _run(code, TORCH_PJRT_FALLBACK="silent")
     assert silent.returncode == 0 and silent.stdout.strip().endswith("0")
+
+
+OUT_OF_RANGE = {
+    "index": lambda x, i: x[i],
+    "index_put_": lambda x, i: x.clone().index_put_((i,), torch.ones(1, device=x.device)),
+    "gather": lambda x, i: torch.gather(x, 0, i),
+    "index_select": lambda x, i: x.index_select(0, i),
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, x.view(3, 1)),
+    "take": lambda x, i: x.take(i),
+    "scatter_": lambda x, i: x.clone().scatter_(0, i, 1.0),
+    "index_add_": lambda x, i: x.clone().index_add_(0, i, torch.ones(1, device=x.device)),
+    "index_copy_": lambda x, i: x.clone().index_copy_(0, i, torch.ones(1, device=x.device)),
+    "index_fill_": lambda x, i: x.clone().index_fill_(0, i, 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+@pytest.mark.parametrize("bad", [5, -7])
+def test_out_of_range_indices_raise_like_cpu(name, bad):
+    """XLA would clamp or drop these; torch raises, and so must pjrt (same type and message)."""
+    op = OUT_OF_RANGE[name]
+    x = torch.arange(3.0)
+    with pytest.raises((IndexError, RuntimeError)) as on_cpu:
+        op(x, torch.tensor([bad]))
+    with pytest.raises(on_cpu.type, match=re.escape(str(on_cpu.value).splitlines()[0])):
+        op(x.to("pjrt"), torch.tensor([bad], device="pjrt"))
+
+
+def test_cpu_index_tensors_index_pjrt_tensors_like_cuda():
+    x = torch.arange(6.0).view(2, 3)
+    idx = torch.tensor([2, 0])
+    assert torch.equal(x.to("pjrt")[:, idx].cpu(), x[:, idx])
+    y = x.to("pjrt")
+    y[:, idx[:1]] = -1.0
+    x[:, idx[:1]] = -1.0
+    assert torch.equal(y.cpu(), x)

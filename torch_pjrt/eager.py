@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import platform, storage
+from . import bounds, platform, storage
 from ._runtime import load as _load_runtime
 from .dtypes import to_jax, to_torch
 from .ops.jitted import executable, hashable, static_positions
@@ -108,6 +108,8 @@ class Kernel:
         self.device_arg = sig.names.index("device") if "device" in sig.names else None
         self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
         self.random = lowering.random or self.generator_arg is not None
+        self.check = bounds.CHECKS.get(lowering.op)
+        self.host_indices = lowering.op in bounds.HOST_INDICES
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
@@ -128,11 +130,15 @@ class Kernel:
                 arrays = []
                 for t in values[i]:
                     if isinstance(t, torch.Tensor):
+                        if self.host_indices and t.device.type == "cpu" and device is not None:
+                            t = t.to(torch.device("pjrt", device))  # CPU index tensors are fine, as with CUDA
                         t, device = _operand(op, names[i], t, device)
                     arrays.append(t)
                 values[i] = arrays
         if device is None:
             device = _rt.current_device()
+        if self.check is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
+            self.check(values)
         for i in self.scalar_args:
             if values[i].__class__ in (int, float, bool, complex):
                 values[i] = _weak_scalar(values[i])
