@@ -97,10 +97,6 @@ class StridedView:
         return read_view(self.buffer, *self.geometry)
 
 
-def _storage_elements(t: torch.Tensor) -> int:
-    return _rt.storage_nbytes(t) // t.element_size()
-
-
 def _materialized_buffer(t: torch.Tensor) -> jax.Array:
     """The storage's buffer, created (zeros: fresh memory) or grown (after resize_) as needed."""
     buf = _rt.buffer(t)

@@ -698,13 +698,8 @@ def _adaptive_avg(x, output_size):
     return y.astype(x.dtype)
 
 
-@lowering(aten._adaptive_avg_pool2d.default)
-def _adaptive_avg_pool2d(self, output_size):
-    return _adaptive_avg(self, tuple(output_size))
-
-
-@lowering(aten._adaptive_avg_pool3d.default)
-def _adaptive_avg_pool3d(self, output_size):
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool(self, output_size):
     return _adaptive_avg(self, tuple(output_size))
 
 
@@ -756,13 +751,8 @@ def _adaptive_max(x, output_size):
     return val, idx
 
 
-@lowering(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(self, output_size):
-    return _adaptive_max(self, tuple(output_size))
-
-
-@lowering(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(self, output_size):
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(self, output_size):
     return _adaptive_max(self, tuple(output_size))
 
 
