@@ -17,6 +17,7 @@ The function body receives JAX arrays for Tensor arguments and Python values for
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Sequence
 
 import jax
@@ -67,7 +68,7 @@ class Kernel:
         self.variants: dict[str, Callable] = {}
         self.tune = dict(tune) if tune else None
         self.configs = autotune.candidates(self.tune)
-        schema = torch.library.infer_schema(fn, mutates_args=())
+        schema = _schema(fn, exclude=set(self.tune or ()))
         self.custom_op = torch.library.custom_op(name, mutates_args=(), device_types="cpu", schema=schema)(self._host)
         self.op: torch._ops.OpOverload = self.custom_op._opoverload
         self.sig = Signature.of(self.op)
@@ -296,6 +297,21 @@ def kernel(name: str, *, reference: Callable | None = None, backward: Callable |
 
 
 # ---------------------------------------------------------------------------------- helpers
+def _schema(fn: Callable, exclude: set) -> str:
+    """The op schema from `fn`'s annotations, without its tunable parameters (those are chosen
+    per shape by the autotuner, not passed by callers)."""
+    sig = inspect.signature(fn, eval_str=True)
+    missing = exclude - set(sig.parameters)
+    if missing:
+        raise ValueError(f"{fn.__qualname__}: tune= names {sorted(missing)}, which are not parameters of the kernel")
+
+    def prototype(*args, **kwargs):
+        pass
+
+    prototype.__signature__ = sig.replace(parameters=[p for n, p in sig.parameters.items() if n not in exclude])
+    return torch.library.infer_schema(prototype, mutates_args=())
+
+
 def _register_lowering(op, fn) -> Lowering:
     from ..ops.registry import lowering
 
