@@ -50,6 +50,9 @@ def _setup() -> None:
     _after_import("torch._dynamo", _load_compiler)
     torch.utils.dlpack.to_dlpack = transfer.refuse_dlpack(torch.utils.dlpack.to_dlpack)
     torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)
+    from . import distributed
+
+    distributed.register()  # after eager.register: see ops/collectives.py
     _ready = True
 
 

@@ -17,6 +17,10 @@ if os.environ.get("TORCH_PJRT_CPU_DEVICES"):
 if os.environ.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" and not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")  # don't start (and preallocate) an unused GPU
 
+from .distributed.runtime import initialize_from_environment  # noqa: E402
+
+initialize_from_environment()  # a torchrun worker joins JAX's multi-process runtime before its backends start
+
 
 @functools.lru_cache(None)
 def devices() -> tuple:
@@ -25,7 +29,7 @@ def devices() -> tuple:
     if name in ("gpu", "cuda", "rocm"):
         name = "gpu"
     try:
-        found = jax.devices(name)
+        found = jax.local_devices(backend=name)  # in a multi-process job jax.devices() also lists other processes' devices
     except RuntimeError as e:
         raise RuntimeError(
             f"pjrt: platform '{name}' (TORCH_PJRT_PLATFORM) is not available to JAX: {e}. "

@@ -1,0 +1,1 @@
+"""Failure behaviour: filled in below."""

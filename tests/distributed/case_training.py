@@ -1,0 +1,1 @@
+"""Training equal to single-process training: filled in below."""

@@ -1,0 +1,420 @@
+"""The "pjrt" process group: torch.distributed's collectives on pjrt tensors.
+
+`ProcessGroupPjrt` is a Python ProcessGroup (torch's C++ Backend class cannot be
+subclassed from Python), so it serves every device of its group: pjrt tensors take the
+XLA path where one exists (xla.py) and the host-staged path otherwise (host.py); CPU
+tensors go straight to the gloo group it owns. Each collective first all-gathers a small
+fingerprint (op, dtype, shape) over gloo, so a rank that passes another shape or calls
+another op raises on every rank with a message naming both, rather than corrupting data
+or hanging (TORCH_PJRT_COLLECTIVE_CHECKS=0 turns that off).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroupGloo
+
+from .. import platform, storage
+from . import runtime
+from .host import HostWork, copy_back, to_host
+from .work import CollectiveError, PjrtWork
+from .xla import REDUCE_OPS, GroupMesh
+
+BACKEND = "pjrt"
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier"]
+
+
+def _path_setting() -> str:
+    """TORCH_PJRT_COLLECTIVES: auto (XLA where possible), host (always stage through host memory)."""
+    value = os.environ.get("TORCH_PJRT_COLLECTIVES", "auto").lower()
+    if value not in ("auto", "host"):
+        raise ValueError(f"TORCH_PJRT_COLLECTIVES={value!r}: expected 'auto' or 'host'")
+    return value
+
+
+def local_device_index() -> int:
+    """pjrt:LOCAL_RANK where this process sees several devices, else pjrt:0."""
+    count = platform_device_count()
+    if count == 1:
+        return 0
+    local_rank = int(os.environ.get("LOCAL_RANK", torch.pjrt.current_device()))
+    if local_rank >= count:
+        raise RuntimeError(f"pjrt: LOCAL_RANK={local_rank} but this process sees only {count} pjrt devices")
+    return local_rank
+
+
+def platform_device_count() -> int:
+    return len(platform.devices())
+
+
+def _reduce_op(op, what: str) -> str:
+    name = op.op.name if hasattr(op, "op") else getattr(op, "name", str(op))
+    name = name.split(".")[-1]
+    if name not in REDUCE_OPS:
+        raise NotImplementedError(f"pjrt: {what} does not support ReduceOp.{name} (supported: {', '.join(REDUCE_OPS)})")
+    return name
+
+
+def _is_pjrt(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.device.type == "pjrt"
+    return all(_is_pjrt(e) for e in x) and len(x) > 0
+
+
+def _describe(code: list) -> str:
+    dtype = _DTYPES[code[1]] if 0 <= code[1] < len(_DTYPES) else "?"
+    shape = "x".join(str(d) for d in code[3:3 + min(code[2], 4)]) + ("x..." if code[2] > 4 else "")
+    return f"{_OPS[code[0]]}({str(dtype).replace('torch.', '')}[{shape}])"
+
+
+class ProcessGroupPjrt(dist.ProcessGroup):
+    """One group of ranks, one pjrt device per rank."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
+                 global_ranks: list[int] | None = None):
+        super().__init__(rank, size)
+        self._group_name, self._group_desc = "", ""
+        self.timeout = timeout
+        self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self.host = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        self.device_index = local_device_index()
+        self.mesh = self._group_mesh()
+        self.checks = os.environ.get("TORCH_PJRT_COLLECTIVE_CHECKS", "1") != "0"
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        # object collectives pick "cpu" when it is listed: pickled objects are host memory
+        return [torch.device("cpu"), torch.device("pjrt")]
+
+    def _what(self, op: str) -> str:
+        return (f"{op} on process group '{self._group_name}' (global ranks {self.global_ranks}; this is group rank "
+                f"{self.rank()}, pjrt:{self.device_index})")
+
+    # ------------------------------------------------------------------ setup
+    def _group_mesh(self) -> GroupMesh | None:
+        """The XLA path's mesh, or None where a rank lacks JAX's multi-process runtime."""
+        import jax
+
+        device = platform.device(self.device_index)
+        mine = torch.tensor([jax.process_index(), device.id, int(self._xla_possible())], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.size())]
+        self.host.allgather([everyone], [mine]).wait()
+        if not all(int(e[2]) for e in everyone):
+            return None
+        processes = [int(e[0]) for e in everyone]
+        if len(set(processes)) != len(processes):
+            return None  # two ranks in one JAX process: not a torchrun layout
+        by_id = {d.id: d for d in jax.devices()}
+        return GroupMesh([by_id[int(e[1])] for e in everyone], self.rank())
+
+    def _xla_possible(self) -> bool:
+        return _path_setting() == "auto" and (runtime.is_active() or self.size() == 1)
+
+    # ------------------------------------------------------------------ helpers
+    def _check(self, op: str, tensor: torch.Tensor | None) -> None:
+        """All-gather (op, dtype, shape) and raise on every rank if the ranks disagree."""
+        if not self.checks or self.size() == 1:
+            return
+        code = [_OPS.index(op), -1, 0, 0, 0, 0, 0]
+        if tensor is not None:
+            shape = list(tensor.shape)
+            code[1:3] = [_DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES), len(shape)]
+            code[3:7] = (shape + [0] * 4)[:4]
+            code.append(hash(tuple(shape)) & (2 ** 62 - 1))
+        else:
+            code.append(0)
+        mine = torch.tensor(code, dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.size())]
+        try:
+            self.host.allgather([everyone], [mine]).wait()
+        except Exception as e:  # noqa: BLE001
+            raise CollectiveError(f"pjrt: {self._what(op)} failed: a peer rank is unreachable: {e}") from None
+        codes = [e.tolist() for e in everyone]
+        if any(c != code for c in codes):
+            calls = "; ".join(f"rank {self.global_ranks[r]}: {_describe(c)}" for r, c in enumerate(codes))
+            raise CollectiveError(f"pjrt: {self._what(op)}: the ranks' calls do not match: {calls}")
+
+    def _on_xla(self, op: str, *tensors: torch.Tensor) -> bool:
+        """True when `tensors` are pjrt tensors this group can reduce through XLA."""
+        if self.mesh is None or not all(_is_pjrt(t) for t in tensors):
+            return False
+        for t in tensors:
+            if t.device.index != self.device_index:
+                raise RuntimeError(f"pjrt: {self._what(op)}: tensor is on {t.device}, but this rank's device is "
+                                   f"pjrt:{self.device_index} (pjrt:LOCAL_RANK where a process sees several devices)")
+        return True
+
+    def _xla(self, label: str, name: str, source: torch.Tensor, target: torch.Tensor, **params) -> PjrtWork:
+        result = self.mesh.run(name, storage.read(source), **params)
+        storage.write(target, result)
+        return PjrtWork(self._what(label), [target], (result,), self.timeout)
+
+    def _staged(self, op: str, run, inputs, outputs, result=None, after=None) -> HostWork:
+        """Run gloo's `run(host_inputs, host_outputs)` on host mirrors; copy outputs back on wait."""
+        host_in, host_out = to_host(inputs), to_host(outputs)
+        try:
+            gloo_work = run(host_in, host_out)
+        except Exception as e:  # noqa: BLE001
+            raise CollectiveError(f"pjrt: {self._what(op)} failed: {e}") from None
+
+        def finish():
+            if after is not None:
+                after(host_out)
+            copy_back(outputs, host_out)
+
+        return HostWork(self._what(op), result if result is not None else _flat(outputs), gloo_work, finish, self.timeout)
+
+    def _average(self, host_tensors) -> None:
+        for t in host_tensors if isinstance(host_tensors, list) else [host_tensors]:
+            if isinstance(t, list):
+                self._average(t)
+            elif t.is_floating_point() or t.is_complex():
+                t.div_(self.size())
+            else:
+                t.copy_(torch.div(t, self.size(), rounding_mode="trunc"))
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
+        opts = opts or dist.AllreduceOptions()
+        op = _reduce_op(opts.reduceOp, "all_reduce")
+        for t in tensors:
+            self._check("all_reduce", t)
+        if self._on_xla("all_reduce", *tensors):
+            works = [self._xla("all_reduce", "all_reduce", t, t, op=op) for t in tensors]
+            return works[0] if len(works) == 1 else _joined(self._what("all_reduce"), works, tensors)
+        return self._staged("all_reduce", lambda i, o: self.host.allreduce(o, _gloo_reduce(dist.AllreduceOptions(), op)),
+                            tensors, tensors, after=self._average if op == "AVG" else None)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
+        options = dist.AllreduceOptions()
+        if opts is not None:
+            options.reduceOp = opts.reduceOp
+        return _joined(self._what("all_reduce"), [self.allreduce([t], options) for t in tensors], tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
+        opts = opts or dist.BroadcastOptions()
+        (t,) = tensors
+        self._check("broadcast", t)
+        if self._on_xla("broadcast", t):
+            return self._xla("broadcast", "broadcast", t, t, src=opts.rootRank)
+        options = dist.BroadcastOptions()
+        options.rootRank = opts.rootRank
+        return self._staged("broadcast", lambda i, o: self.host.broadcast(o, options), tensors, tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
+        opts = opts or dist.ReduceOptions()
+        op = _reduce_op(opts.reduceOp, "reduce")
+        (t,) = tensors
+        self._check("reduce", t)
+        if self._on_xla("reduce", t):  # an all-reduce whose result only the root keeps
+            result = self.mesh.run("all_reduce", storage.read(t), op=op)
+            if self.rank() == opts.rootRank:
+                storage.write(t, result)
+            return PjrtWork(self._what("reduce"), tensors, (result,), self.timeout)
+        options = _gloo_reduce(dist.ReduceOptions(), op)
+        options.rootRank = opts.rootRank
+        root = self.rank() == opts.rootRank
+        return self._staged("reduce", lambda i, o: self.host.reduce(o, options), tensors,
+                            tensors, after=self._average if op == "AVG" and root else None)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> PjrtWork:
+        self._check("all_gather_into_tensor", input)
+        _expect(output.numel() == input.numel() * self.size(), self._what("all_gather_into_tensor"),
+                f"output has {output.numel()} elements, expected {self.size()} x {input.numel()}")
+        if self._on_xla("all_gather_into_tensor", output, input):
+            flat = storage.read(input).reshape(-1)
+            result = self.mesh.run("all_gather", flat).reshape(tuple(output.shape))
+            storage.write(output, result)
+            return PjrtWork(self._what("all_gather_into_tensor"), [output], (result,), self.timeout)
+        return self._staged("all_gather_into_tensor", lambda i, o: self.host._allgather_base(o, i), input, output)
+
+    _allgather_base = all_gather_single  # its name before torch 2.13
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None) -> PjrtWork:
+        (outputs,), (t,) = output_lists, inputs
+        self._check("all_gather", t)
+        if self._on_xla("all_gather", t, *outputs) and all(o.shape == t.shape for o in outputs):
+            result = self.mesh.run("all_gather", storage.read(t).reshape(-1))
+            pending = []
+            for r, o in enumerate(outputs):
+                part = result[r * t.numel():(r + 1) * t.numel()].reshape(tuple(t.shape))
+                storage.write(o, part)
+                pending.append(part)
+            return PjrtWork(self._what("all_gather"), output_lists, (result,), self.timeout)
+        return self._staged("all_gather", lambda i, o: self.host.allgather(o, i), inputs, output_lists)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
+        return _joined(self._what("all_gather_into_tensor"),
+                       [self.all_gather_single(o, i) for o, i in zip(outputs, inputs)], outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # its name before torch 2.13
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> PjrtWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
+        self._check("reduce_scatter_tensor", input)
+        _expect(input.numel() == output.numel() * self.size(), self._what("reduce_scatter_tensor"),
+                f"input has {input.numel()} elements, expected {self.size()} x {output.numel()}")
+        if self._on_xla("reduce_scatter_tensor", output, input):
+            result = self.mesh.run("reduce_scatter", storage.read(input).reshape(-1), op=op)
+            result = result.reshape(tuple(output.shape))
+            storage.write(output, result)
+            return PjrtWork(self._what("reduce_scatter_tensor"), [output], (result,), self.timeout)
+        options = _gloo_reduce(dist.ReduceScatterOptions(), op)
+        return self._staged("reduce_scatter_tensor", lambda i, o: self.host._reduce_scatter_base(o, i, options),
+                            input, output, after=self._average if op == "AVG" else None)
+
+    _reduce_scatter_base = reduce_scatter_single  # its name before torch 2.13
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
+        return _joined(self._what("reduce_scatter_tensor"),
+                       [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its name before torch 2.13
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts=None) -> PjrtWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp, "reduce_scatter")
+        (out,), (ins,) = outputs, input_lists
+        self._check("reduce_scatter", out)
+        if self._on_xla("reduce_scatter", out, *ins) and all(i.shape == out.shape for i in ins):
+            import jax.numpy as jnp
+
+            stacked = jnp.concatenate([storage.read(i).reshape(-1) for i in ins])
+            result = self.mesh.run("reduce_scatter", stacked, op=op).reshape(tuple(out.shape))
+            storage.write(out, result)
+            return PjrtWork(self._what("reduce_scatter"), outputs, (result,), self.timeout)
+        options = _gloo_reduce(dist.ReduceScatterOptions(), op)
+        return self._staged("reduce_scatter", lambda i, o: self.host.reduce_scatter(o, i, options), input_lists,
+                            outputs, after=self._average if op == "AVG" else None)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts=None) -> PjrtWork:
+        even = not output_split_sizes and not input_split_sizes
+        self._check("all_to_all_single", input.flatten()[:0] if not even else input)
+        if even and self._on_xla("all_to_all_single", output, input) and input.shape[0] % self.size() == 0:
+            result = self.mesh.run("all_to_all", storage.read(input)).reshape(tuple(output.shape))
+            storage.write(output, result)
+            return PjrtWork(self._what("all_to_all_single"), [output], (result,), self.timeout)
+        options = dist.AllToAllOptions()
+        return self._staged("all_to_all_single", lambda i, o: self.host.alltoall_base(
+            o, i, list(output_split_sizes), list(input_split_sizes), options), input, output)
+
+    alltoall_base = all_to_all_single  # its name before torch 2.13
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None) -> PjrtWork:
+        """As one all_to_all_single of the flattened, concatenated tensors (so sizes may differ)."""
+        flat_in = torch.cat([t.reshape(-1) for t in inputs])
+        flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device)
+        in_splits, out_splits = [t.numel() for t in inputs], [t.numel() for t in outputs]
+        even = len(set(in_splits)) == 1 and in_splits == out_splits
+        self.all_to_all_single(flat_out, flat_in, [] if even else out_splits, [] if even else in_splits).wait()
+        for t, part in zip(outputs, flat_out.split(out_splits)):
+            with torch.no_grad():
+                t.copy_(part.view(t.shape))
+        return PjrtWork(self._what("all_to_all"), outputs)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None) -> PjrtWork:
+        options = dist.GatherOptions()
+        options.rootRank = opts.rootRank
+        self._check("gather", inputs[0])
+        return self._staged("gather", lambda i, o: self.host.gather(o, i, options), inputs, output_lists)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts=None) -> PjrtWork:
+        options = dist.ScatterOptions()
+        options.rootRank = opts.rootRank
+        self._check("scatter", outputs[0])
+        return self._staged("scatter", lambda i, o: self.host.scatter(o, i, options), input_lists, outputs)
+
+    def barrier(self, opts=None) -> PjrtWork:
+        # every op this rank queued on its device finishes first, as NCCL's barrier orders after the stream
+        storage.synchronize(self.device_index)
+        self._check("barrier", None)
+        return self._staged("barrier", lambda i, o: self.host.barrier(dist.BarrierOptions()), [], [])
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> PjrtWork:
+        return self._staged(f"send to group rank {dst}", lambda i, o: self.host.send(i, dst, tag), tensors, [],
+                            result=tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> PjrtWork:
+        return self._staged(f"recv from group rank {src}", lambda i, o: self.host.recv(o, src, tag), [], tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PjrtWork:
+        return self._staged("recv from any rank", lambda i, o: self.host.recv_anysource(o, tag), [], tensors)
+
+    def abort(self) -> None:
+        self.host.abort()
+
+    def shutdown(self) -> None:
+        self.host.shutdown()
+
+
+def _gloo_reduce(options, op: str):
+    """Gloo has no AVG: sum, then divide on the host (the `after` step)."""
+    options.reduceOp = getattr(dist.ReduceOp, "SUM" if op == "AVG" else op)
+    return options
+
+
+def _expect(ok: bool, what: str, why: str) -> None:
+    if not ok:
+        raise ValueError(f"pjrt: {what}: {why}")
+
+
+def _flat(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for e in x for t in _flat(e)]
+
+
+def _joined(what: str, works: list[PjrtWork], result) -> PjrtWork:
+    """One work for several (coalesced) collectives."""
+    return _Joined(what, works, _flat(result))
+
+
+class _Joined(PjrtWork):
+    def __init__(self, what: str, works: list[PjrtWork], result: list):
+        super().__init__(what, result)
+        self._works = works
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+
+def create(options, backend_options=None) -> ProcessGroupPjrt:
+    """torch.distributed's constructor hook (extended API): one ProcessGroupPjrt per group."""
+    return ProcessGroupPjrt(options.store, options.group_rank, options.group_size, options.timeout,
+                            list(options.global_ranks_in_group))
+
+
+def register() -> None:
+    if BACKEND in dist.Backend.backend_list:
+        return
+    # "cpu" too: the group serves CPU tensors (object collectives, DCP's metadata) on its gloo group
+    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "pjrt"])

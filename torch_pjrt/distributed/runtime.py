@@ -1,0 +1,69 @@
+"""JAX's multi-process runtime, started from torchrun's environment.
+
+XLA collectives between processes need every process's devices in one JAX runtime, and
+`jax.distributed.initialize` must run before JAX creates its backends, which torch_pjrt
+does while `import torch` loads it. So platform.py calls `initialize_from_environment()`
+first: when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT say this process is one of a
+multi-process job (torchrun sets them), process RANK joins a JAX runtime of WORLD_SIZE
+processes whose coordinator runs in rank 0 at MASTER_ADDR:MASTER_PORT+1.
+
+Environment (all optional):
+  TORCH_PJRT_JAX_DISTRIBUTED=0     do not start it (collectives then stage through host memory)
+  TORCH_PJRT_COORDINATOR=host:port the coordinator's address (default MASTER_ADDR:MASTER_PORT+1)
+  TORCH_PJRT_HEARTBEAT_S=N         seconds before JAX declares a silent process dead (default 100)
+  TORCH_PJRT_SHUTDOWN_S=N          seconds a finished process waits for the others at exit (default 30)
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+_state: dict = {"initialized": False, "error": None}
+
+
+def launched_by_torchrun() -> bool:
+    env = os.environ
+    return (all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+            and int(env["WORLD_SIZE"]) > 1)
+
+
+def coordinator_address() -> str:
+    explicit = os.environ.get("TORCH_PJRT_COORDINATOR")
+    if explicit:
+        return explicit
+    return f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
+
+
+def initialize_from_environment() -> None:
+    """Start JAX's multi-process runtime when torchrun's variables describe a multi-process
+    job. Idempotent; must run before JAX's backends exist. A failure is remembered (and
+    collectives fall back to host staging) rather than raised: `import torch` must work."""
+    if _state["initialized"] or os.environ.get("TORCH_PJRT_JAX_DISTRIBUTED", "1") == "0" or not launched_by_torchrun():
+        return
+    _state["initialized"] = True
+    env = os.environ
+    cpu = env.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" or env.get("JAX_PLATFORMS", "") == "cpu"
+    # On accelerators one device per process, as torchrun launches it: the process then
+    # neither initialises nor preallocates its neighbours' devices. Virtual CPU devices cost nothing.
+    local_ids = None if cpu or "LOCAL_RANK" not in env else [int(env["LOCAL_RANK"])]
+    if cpu:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address(), int(env["WORLD_SIZE"]), int(env["RANK"]), local_device_ids=local_ids,
+            initialization_timeout=int(env.get("TORCH_PJRT_INIT_TIMEOUT_S", "300")),
+            heartbeat_timeout_seconds=int(env.get("TORCH_PJRT_HEARTBEAT_S", "100")),
+            shutdown_timeout_seconds=int(env.get("TORCH_PJRT_SHUTDOWN_S", "30")))
+    except Exception as e:  # noqa: BLE001  (remembered; see is_active)
+        _state["error"] = f"{type(e).__name__}: {e}"
+
+
+def is_active() -> bool:
+    """True when this process is part of a multi-process JAX runtime."""
+    return _state["initialized"] and _state["error"] is None and jax.process_count() > 1
+
+
+def failure() -> str | None:
+    """Why the multi-process runtime did not start, if it was attempted and failed."""
+    return _state["error"]
