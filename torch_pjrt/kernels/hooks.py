@@ -1,0 +1,54 @@
+"""Where the shipped kernels serve aten ops on pjrt, installed when the device is set up:
+scaled_dot_product_attention -> flash attention (sdpa.py), torch._grouped_mm -> grouped matmul.
+
+The lowerings join the op table (so compiled graphs inline the kernels); their eager
+PrivateUse1 kernels are made by the same class the table's other ops use.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..ops.registry import LOWERINGS, lowering
+from . import platforms, sdpa
+
+aten = torch.ops.aten
+
+
+@lowering(aten._grouped_mm.default)
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    if bias is not None:
+        raise NotImplementedError("pjrt _grouped_mm: bias is not supported (torch's own kernels reject it too)")
+    from .grouped_mm import grouped_mm
+
+    out = grouped_mm._run(platforms.target(), (self, mat2, offs), {})
+    return out if out_dtype is None else out.astype(_jax_dtype(out_dtype))
+
+
+def _jax_dtype(dtype):
+    from ..dtypes import to_jax
+
+    return to_jax(dtype)
+
+
+OPS = (aten._grouped_mm.default, aten._scaled_dot_product_fused_attention_overrideable.default,
+       aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+_library = None
+
+
+def install() -> None:
+    """Register the eager kernels of OPS and the SDPA backend choice (once per process)."""
+    global _library
+    if _library is not None:
+        return
+    from ..eager import Kernel
+
+    _library = torch.library.Library("aten", "IMPL")
+    for op in OPS:
+        _library.impl(op._schema.name.split("::")[1], Kernel(LOWERINGS[op]), "PrivateUse1")  # default overloads
+    try:
+        sdpa.install()
+    except Exception as e:  # noqa: BLE001  (SDPA keeps working through the math path)
+        warnings.warn(f"torch-pjrt: the flash-attention SDPA backend is unavailable ({type(e).__name__}: {e}); "
+                      f"scaled_dot_product_attention on pjrt uses the math path")
