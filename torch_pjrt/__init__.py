@@ -53,6 +53,9 @@ def _setup() -> None:
     from . import distributed
 
     distributed.register()  # after eager.register: see ops/collectives.py
+    from .kernels import hooks
+
+    hooks.install()  # custom kernels behind aten ops: SDPA -> flash attention, _grouped_mm (kernels/hooks.py)
     _ready = True
 
 
