@@ -14,6 +14,7 @@ from tests.distributed.launch import expect_success, launch
 def test_collectives_xla_path(nprocs):
     values = expect_success(launch("collectives", nprocs, timeout=240))
     assert all(v["path"] == "xla" for v in values)
+    assert all(v["compiled_graphs"] == 1 for v in values)  # no graph break around the collectives
 
 
 def test_collectives_host_path():

@@ -154,7 +154,20 @@ def collectives() -> dict:
                 fc.reduce_scatter_tensor(xr, "sum", 0, gloo).wait())
     check_equal("functional all_to_all_single", fc.all_to_all_single(x, None, None, pg).wait(),
                 fc.all_to_all_single(xr, None, None, gloo).wait())
-    return {"path": path}
+
+    # functional collectives inside one compiled graph (host callbacks in the XLA program)
+    def program(x, group):
+        y = fc.all_reduce(x * 2, "sum", group)
+        z = fc.all_gather_tensor(y + 1, 0, group)
+        w = fc.reduce_scatter_tensor(z, "max", 0, group)
+        b = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.broadcast(w - 1, 1, group.group_name))
+        return fc.all_to_all_single(z, None, None, group) * b.sum(), b
+
+    compiled = torch.compile(program, backend="pjrt", fullgraph=True)
+    check_equal("compiled functional collectives", compiled(x, pg), program(xr, gloo))
+    import torch_pjrt
+
+    return {"path": path, "compiled_graphs": torch_pjrt.compile_stats()["graphs"]}
 
 
 @case
