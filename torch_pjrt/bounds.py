@@ -29,23 +29,30 @@ def _is_integer(value) -> bool:
 
 @functools.lru_cache(None)
 def _first_out_of_range(negative_ok: bool):
-    """jit(index, size) -> (any out of range, the first such index)."""
+    """jit(index, size) -> (any out of range, position of the first such index, its value)."""
 
     def find(index, size):
         flat = index.reshape(-1).astype(jnp.int64)
         bad = (flat >= size) | (flat < (-size if negative_ok else 0))
-        return jnp.any(bad), flat[jnp.argmax(bad)] if flat.size else jnp.int64(0)
+        position = jnp.argmax(bad)
+        return jnp.any(bad), position, flat[position] if flat.size else jnp.int64(0)
 
     return jax.jit(find)
 
 
-def _offending(index, size: int, negative_ok: bool) -> int | None:
+def _first_offending(index, size: int, negative_ok: bool) -> tuple[int, int] | None:
+    """(flat position, value) of the first out-of-range index, None when all are in range."""
     if index is None or not _is_integer(index) or int(np.prod(_shape(index))) == 0:
         return None
     if hasattr(index, "resolve"):
         index = index.resolve()
-    bad, value = _first_out_of_range(negative_ok)(index, size)
-    return int(value) if bool(bad) else None
+    bad, position, value = _first_out_of_range(negative_ok)(index, size)
+    return (int(position), int(value)) if bool(bad) else None
+
+
+def _offending(index, size: int, negative_ok: bool) -> int | None:
+    found = _first_offending(index, size, negative_ok)
+    return None if found is None else found[1]
 
 
 def _along_dim(exc, message, negative_ok=False):
@@ -81,6 +88,13 @@ def _embedding(values):
         raise IndexError("index out of range in self")
 
 
+def _embedding_bag(values):
+    size = _shape(values[0])[0]
+    found = _first_offending(values[1], size, negative_ok=False)
+    if found is not None:
+        raise RuntimeError(f"Index {found[0]} of input takes value {found[1]} which is not in the valid range [0, {size})")
+
+
 def _take(values):
     size = int(np.prod(_shape(values[0])))
     bad = _offending(values[1], size, negative_ok=True)
@@ -107,6 +121,8 @@ CHECKS = {
     aten.scatter_add.default: _along_dim(RuntimeError, _OUT_OF_BOUNDS),
     aten.scatter_reduce.two: _along_dim(RuntimeError, _OUT_OF_BOUNDS),
     aten.embedding.default: _embedding,
+    aten._embedding_bag.default: _embedding_bag,
+    aten._embedding_bag_forward_only.default: _embedding_bag,
     aten.take.default: _take,
 }
 

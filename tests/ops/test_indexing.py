@@ -187,6 +187,61 @@ def test_embedding(dtype):
     check(aten.embedding_dense_backward.default, make((3,), dtype, 2), torch.tensor(2), 5, -1, False)
 
 
+EMBEDDING_BAG_INDICES = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2, 2])
+EMBEDDING_BAG_OFFSETS = torch.tensor([0, 4, 4, 6, 8])  # an empty bag, a last bag of padding only
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+@pytest.mark.parametrize("padding_idx", [-1, 2])
+def test_embedding_bag(dtype, mode, include_last_offset, padding_idx):
+    """All four outputs as CPU gives them (offset2bag empty on its fast sum path), then backward."""
+    weight = make((10, 3), dtype)
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}
+    # with include_last_offset, offsets end at len(indices): CPU's fast sum path ignores indices
+    # past the last offset, its other paths add them to the last bag (pjrt: the latter)
+    offsets = torch.cat([EMBEDDING_BAG_OFFSETS, torch.tensor([10])]) if include_last_offset else EMBEDDING_BAG_OFFSETS
+    args = (weight, EMBEDDING_BAG_INDICES, offsets, False, mode, False, None, include_last_offset, padding_idx)
+    out, offset2bag, bag_size, max_indices = check(aten._embedding_bag.default, *args, **tol)
+    check(aten._embedding_bag_forward_only.default, *args, **tol)
+    grad = make(tuple(out.shape), dtype, 1)
+    check(aten._embedding_bag_backward.default, grad, EMBEDDING_BAG_INDICES, offsets, offset2bag,
+          bag_size, max_indices, 10, False, mode, False, None, padding_idx, **tol)
+
+
+def test_embedding_bag_scale_grad_by_freq():
+    """Each index's gradient is divided by how often it occurs, as in embedding and on CUDA.
+
+    CPU's embedding_bag backward scales some rows by another index's count (here rows 3 and 5,
+    which occur once, by 1/4), so the reference is embedding's backward over the bags' rows."""
+    grad = make((5, 3), torch.float64, 1)
+    bags = torch.tensor([0, 0, 0, 0, 2, 2, 3, 3, 4, 4])
+    expected = aten.embedding_dense_backward(grad[bags], EMBEDDING_BAG_INDICES, 10, -1, True)
+    args = [grad, EMBEDDING_BAG_INDICES, EMBEDDING_BAG_OFFSETS, bags, torch.zeros(5, dtype=torch.int64),
+            torch.zeros(5, dtype=torch.int64), 10, True, 0, False, None, -1]
+    got = aten._embedding_bag_backward(*[a.to("pjrt") if isinstance(a, torch.Tensor) else a for a in args])
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_embedding_bag_per_sample_weights(dtype):
+    weight, psw = make((10, 3), dtype), make((10,), dtype, 2)
+    out, offset2bag, bag_size, max_indices = check(
+        aten._embedding_bag.default, weight, EMBEDDING_BAG_INDICES, EMBEDDING_BAG_OFFSETS, False, 0, False, psw)
+    grad = make(tuple(out.shape), dtype, 1)
+    check(aten._embedding_bag_backward.default, grad, EMBEDDING_BAG_INDICES, EMBEDDING_BAG_OFFSETS, offset2bag,
+          bag_size, max_indices, 10, False, 0, False, psw, -1)
+    check(aten._embedding_bag_per_sample_weights_backward.default, grad, weight, EMBEDDING_BAG_INDICES,
+          EMBEDDING_BAG_OFFSETS, offset2bag, 0, 2)
+
+
+def test_embedding_bag_index_out_of_range_raises_as_on_cpu():
+    weight, offsets = make((10, 3)), torch.tensor([0])
+    with pytest.raises(RuntimeError, match=r"Index 1 of input takes value 10 which is not in the valid range \[0, 10\)"):
+        aten._embedding_bag(weight.to("pjrt"), torch.tensor([1, 10]).to("pjrt"), offsets.to("pjrt"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_unsafe_index_family(dtype):
     x = make((4, 5), dtype)

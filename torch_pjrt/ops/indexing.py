@@ -434,3 +434,126 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     out = jnp.zeros((num_weights, acc.shape[1]), acc.dtype).at[idx].add(acc, mode="drop")
     return out.astype(grad_output.dtype).reshape(num_weights, *grad_output.shape[indices.ndim:])
 
+
+
+# ----------------------------------------------------------------------- embedding bags
+# mode: 0 sum, 1 mean, 2 max. A bag's rows are indices[offsets[b]:offsets[b+1]] (the last bag
+# runs to the end, even with include_last_offset); rows equal to padding_idx (>= 0) count
+# in no bag. half/bf16 accumulate in float32 as CPU's kernels do. The auxiliary outputs are
+# CPU's: offset2bag is empty on CPU's fast sum path (float/half/bf16 weights, no padding),
+# bag_size holds the bag lengths except for sum (zeros), max_indices the weight rows that
+# gave each maximum (mode max), bag_size again (mean) or zeros (sum). The backward
+# lowerings recompute each position's bag from offsets, so an empty offset2bag is fine.
+def _position_bags(indices, offsets, num_bags):
+    """The bag of each position of the 1-D `indices`."""
+    starts = offsets[:num_bags].astype(INT64)
+    return jnp.searchsorted(starts, jnp.arange(indices.shape[0], dtype=INT64), side="right") - 1
+
+
+def _accumulation_dtype(dtype):
+    return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+
+
+def _bag_rows(values, bags, num_bags, reduce):
+    return reduce(values, bags, num_segments=num_bags, indices_are_sorted=True)
+
+
+def _embedding_bag_max(rows, keep, idx, bags, num_bags):
+    """Per bag and column: the maximum (0 for an empty bag) and the weight row holding it (first)."""
+    lowest = jnp.array(-jnp.inf, rows.dtype)
+    best = _bag_rows(jnp.where(keep[:, None], rows, lowest), bags, num_bags, jax.ops.segment_max)
+    hit = keep[:, None] & (rows == jnp.take(best, bags, axis=0))
+    positions = jnp.where(hit, jnp.arange(idx.shape[0], dtype=INT64)[:, None], idx.shape[0])
+    first = _bag_rows(positions, bags, num_bags, jax.ops.segment_min)
+    found = first < idx.shape[0]
+    rows_of_max = jnp.where(found, jnp.take(idx, jnp.minimum(first, max(idx.shape[0] - 1, 0)), mode="clip"), 0)
+    return jnp.where(found, best, jnp.zeros((), rows.dtype)), rows_of_max
+
+
+def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
+                           sum_aux_size):
+    num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    idx = indices.astype(INT64)
+    bags = _position_bags(idx, offsets, num_bags)
+    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    acc = _accumulation_dtype(weight.dtype)
+    rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(acc)[:, None]
+    counts = _bag_rows(keep.astype(INT64), bags, num_bags, jax.ops.segment_sum).astype(offsets.dtype)
+    if mode == 2:
+        out, max_indices = _embedding_bag_max(rows, keep, idx, bags, num_bags)
+        max_indices = max_indices.astype(offsets.dtype)
+    else:
+        out = _bag_rows(jnp.where(keep[:, None], rows, jnp.zeros((), acc)), bags, num_bags, jax.ops.segment_sum)
+        if mode == 1:
+            out = out / jnp.maximum(counts, 1).astype(acc)[:, None]
+        max_indices = counts if mode == 1 else jnp.zeros((sum_aux_size,), offsets.dtype)
+    fast_sum = mode == 0 and weight.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) and padding_idx < 0
+    offset2bag = jnp.zeros((0,), offsets.dtype) if fast_sum else bags.astype(offsets.dtype)
+    bag_size = jnp.zeros((sum_aux_size,), offsets.dtype) if mode == 0 else counts
+    return out.astype(weight.dtype), offset2bag, bag_size, max_indices
+
+
+@lowering(aten._embedding_bag.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    return _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                  padding_idx, num_bags)
+
+
+@lowering(aten._embedding_bag_forward_only.default)
+def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                                per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """As _embedding_bag, but CPU sizes sum mode's (zero) bag_size and max_indices like offsets."""
+    return _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, include_last_offset,
+                                  padding_idx, offsets.shape[0])
+
+
+@lowering(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("pjrt: embedding_bag(sparse=True) needs a sparse gradient; sparse tensors "
+                                  "are not supported on pjrt devices (use sparse=False)")
+    bags = _position_bags(indices, offsets, grad.shape[0])
+    return _embedding_bag_dense_backward(grad, indices, bags, bag_size, maximum_indices, num_weights,
+                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lowering(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    acc = _accumulation_dtype(grad.dtype)
+    g = grad.astype(acc)
+    if mode == 2:
+        rows = jnp.where((bag_size > 0)[:, None], maximum_indices.astype(INT64), num_weights)
+        cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
+        out = jnp.zeros((num_weights, g.shape[1]), acc).at[rows, cols].add(g, mode="drop")
+        return out.astype(grad.dtype)
+    idx = indices.astype(INT64)
+    bags = offset2bag.astype(INT64)
+    if mode == 1:
+        g = g / jnp.maximum(bag_size, 1).astype(acc)[:, None]
+    per_position = jnp.take(g, bags, axis=0)
+    if per_sample_weights is not None:
+        per_position = per_position * per_sample_weights.astype(acc)[:, None]
+    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), INT64).at[idx].add(1, mode="drop")
+        per_position = per_position / jnp.take(counts, idx, mode="clip").astype(acc)[:, None]
+    per_position = jnp.where(keep[:, None], per_position, jnp.zeros((), acc))
+    out = jnp.zeros((num_weights, g.shape[1]), acc).at[idx].add(per_position, mode="drop")
+    return out.astype(grad.dtype)
+
+
+@lowering(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    idx = indices.astype(INT64)
+    bags = _position_bags(idx, offsets, grad.shape[0])
+    acc = _accumulation_dtype(grad.dtype)
+    rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
+    out = jnp.sum(jnp.take(grad, bags, axis=0).astype(acc) * rows, axis=1)
+    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    return jnp.where(keep, out, jnp.zeros((), acc)).astype(grad.dtype)
