@@ -16,11 +16,11 @@ __all__ = ["kernel", "Kernel", "KernelError", "pallas_call", "interpret", "targe
            "rms_norm", "flash_attention", "softmax_cross_entropy", "grouped_mm"]
 
 _SHIPPED = {
-    "rms_norm": ("rms_norm", "rms_norm"),
-    "flash_attention": ("flash_attention", "flash_attention"),
+    "rms_norm": ("norm", "rms_norm"),
+    "flash_attention": ("attention", "flash_attention"),
     "softmax_cross_entropy": ("cross_entropy", "softmax_cross_entropy"),
-    "grouped_mm": ("grouped_mm", "grouped_mm"),
-    "check": ("check", "check"),
+    "grouped_mm": ("moe", "grouped_mm"),
+    "check": ("testing", "check"),
 }
 
 

@@ -194,12 +194,14 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal:
 
 def flash_attention_backward(q, k, v, is_causal: bool = False, scale: float | None = None, *, outputs, grad_outputs,
                              block_q: int = 64, block_k: int = 64):
-    """(dq, dk, dv) from the saved (out, logsumexp); the logsumexp's own gradient is ignored."""
+    """(dq, dk, dv) from the saved (out, logsumexp) and the gradients of both."""
     out, lse = outputs
-    do = grad_outputs[0]
+    do, dlse = grad_outputs
     lay = _Layout(q, k, v, block_q, block_k)
     acc = accumulator(q.dtype)
-    delta = jnp.sum(do.astype(acc) * out.astype(acc), axis=-1)  # rowsum(dO * O), FlashAttention-2's D
+    # FlashAttention-2's D = rowsum(dO * O). A gradient g of logsumexp adds p * g to dS
+    # (d lse / d s = p), the same as lowering D by g, so the kernels need no extra input.
+    delta = jnp.sum(do.astype(acc) * out.astype(acc), axis=-1) - dlse.astype(acc)
     qp, dop = pad_rows(q, lay.bq, axis=2), pad_rows(do, lay.bq, axis=2)
     lsep, deltap = pad_rows(lse, lay.bq, axis=2), pad_rows(delta, lay.bq, axis=2)
     kp, vp = pad_rows(k, lay.bk, axis=2), pad_rows(v, lay.bk, axis=2)

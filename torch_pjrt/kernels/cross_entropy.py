@@ -3,7 +3,7 @@
 The forward streams each block of rows through the vocabulary in chunks with an online
 logsumexp, picking the target's logit on the way, so neither the softmax nor a one-hot
 matrix is ever written. The backward writes d logits = (softmax - onehot) * grad in one
-pass from the saved logsumexp. Rows whose target is `ignore_index` get loss 0 and zero
+pass from the saved logsumexp (plus softmax * the logsumexp output's own gradient). Rows whose target is `ignore_index` get loss 0 and zero
 gradient, as in torch.nn.functional.cross_entropy.
 """
 from __future__ import annotations
@@ -51,14 +51,16 @@ def _forward_block(x_ref, t_ref, loss_ref, lse_ref, *, ignore_index, vocab, bloc
     lse_ref[...] = lse.astype(lse_ref.dtype)
 
 
-def _backward_block(x_ref, t_ref, lse_ref, g_ref, dx_ref, *, ignore_index):
+def _backward_block(x_ref, t_ref, lse_ref, g_ref, glse_ref, dx_ref, *, ignore_index):
     acc = accumulator(x_ref.dtype)
     x = x_ref[...].astype(acc)
     target = t_ref[...]
     cols = jax.lax.iota(jnp.int32, x.shape[1])
     g = jnp.where(target != ignore_index, g_ref[...].astype(acc), 0.0)
     p = jnp.exp(x - lse_ref[...].astype(acc)[:, None])
-    dx_ref[...] = ((p - (cols[None, :] == target[:, None])) * g[:, None]).astype(dx_ref.dtype)
+    # d loss/dx = (p - onehot) * g; the logsumexp output's own gradient adds p * g_lse
+    g_lse = glse_ref[...].astype(acc)
+    dx_ref[...] = (p * (g + g_lse)[:, None] - (cols[None, :] == target[:, None]) * g[:, None]).astype(dx_ref.dtype)
 
 
 def _layout(logits, block_rows, block_v):
@@ -77,10 +79,10 @@ def _backward(logits, target, ignore_index: int = -100, *, outputs, grad_outputs
         functools.partial(_backward_block, ignore_index=ignore_index),
         jax.ShapeDtypeStruct(xp.shape, logits.dtype),
         grid=(xp.shape[0] // rows,),
-        in_specs=[row_spec, vec_spec, vec_spec, vec_spec],
+        in_specs=[row_spec, vec_spec, vec_spec, vec_spec, vec_spec],
         out_specs=row_spec,
     )(xp, pad_rows(target.astype(jnp.int32), rows, value=ignore_index), pad_rows(outputs[1], rows),
-      pad_rows(grad_outputs[0], rows))
+      pad_rows(grad_outputs[0], rows), pad_rows(grad_outputs[1], rows))
     return dx[:n, :vocab], None
 
 

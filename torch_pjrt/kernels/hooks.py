@@ -20,7 +20,7 @@ aten = torch.ops.aten
 def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     if bias is not None:
         raise NotImplementedError("pjrt _grouped_mm: bias is not supported (torch's own kernels reject it too)")
-    from .grouped_mm import grouped_mm
+    from .moe import grouped_mm
 
     out = grouped_mm._run(platforms.target(), (self, mat2, offs), {})
     return out if out_dtype is None else out.astype(_jax_dtype(out_dtype))

@@ -169,8 +169,16 @@ class Kernel:
         pos, kw = self.sig.split(abstract)
         shape_fn = self.reference or self.fn
         extra = self.configs[0] if shape_fn is self.fn and self.tune else {}
-        with targets.tracing_for("cpu"):  # shapes only: nothing is lowered
-            out = jax.eval_shape(lambda *p: shape_fn(*p, **kw, **extra), *pos)
+        arrays = [i for i, a in enumerate(pos) if isinstance(a, (jax.ShapeDtypeStruct, list))]
+
+        def call(*xs):
+            full = list(pos)
+            for i, x in zip(arrays, xs):
+                full[i] = x
+            return shape_fn(*full, **kw, **extra)
+
+        with targets.tracing_for("cpu"):  # shapes only: nothing is lowered; non-tensor arguments stay static
+            out = jax.eval_shape(call, *[pos[i] for i in arrays])
         return _empty_like_spec(out, device)
 
     # ------------------------------------------------------------------ autograd

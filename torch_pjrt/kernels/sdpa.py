@@ -67,7 +67,7 @@ def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
 
 # ------------------------------------------------------------------------------ lowerings
 def _flash():
-    from .flash_attention import flash_attention_kernel
+    from .attention import flash_attention_kernel
 
     return flash_attention_kernel
 
