@@ -25,3 +25,25 @@ def test_collectives_host_path():
 def test_subgroups_and_device_mesh():
     values = expect_success(launch("subgroups", 4, timeout=240))
     assert values[1]["subgroup_path"] == values[3]["subgroup_path"] == "xla"
+
+
+def test_ddp_equals_full_batch_training():
+    values = expect_success(launch("ddp", 2, timeout=240))
+    assert values[0]["buckets"] > 1  # several gradient buckets
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "eager.OutKernel mishandles out= overloads whose single out is a Tensor[] (split_with_sizes_copy.out, which "
+    "FSDP2's all-gather copy-out calls): it zips the result list with the out list's elements and returns the list "
+    "for a schema that returns (); passes with that fixed (reported in issue 7's note)"))
+def test_fsdp2_equals_full_batch_training():
+    expect_success(launch("fsdp", 2, timeout=300))
+
+
+def test_tensor_parallel_mlp_equals_unsharded():
+    expect_success(launch("tensor_parallel", 2, timeout=240))
+
+
+def test_dcp_save_on_4_load_on_2(tmp_path):
+    expect_success(launch("dcp_save", 4, timeout=300, args=[str(tmp_path)]))
+    expect_success(launch("dcp_load", 2, timeout=240, args=[str(tmp_path)]))
