@@ -181,3 +181,27 @@ def test_sdpa_mismatched_heads_without_gqa_raises_torchs_error():
     with pytest.raises(RuntimeError) as cpu_error:
         F.scaled_dot_product_attention(q, k, v)
     assert str(pjrt_error.value).split("!")[0] == str(cpu_error.value).split("!")[0]
+
+
+def test_compiled_sdpa_inlines_flash_attention(tmp_path):
+    import torch_pjrt
+
+    torch._dynamo.reset()
+    torch_pjrt.compiler.reset_compile_stats()
+    q, k, v = _sdpa_inputs()
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sin().sum()
+
+    pq, pk, pv = (t.to("pjrt").requires_grad_() for t in (q, k, v))
+    loss = torch.compile(f, backend="pjrt", options={"dump_dir": str(tmp_path)})(pq, pk, pv)
+    loss.backward()
+    fx = {p.name: p.read_text() for p in tmp_path.glob("*.fx.txt")}
+    assert len(fx) == 2 and all("_scaled_dot_product_fused_attention_overrideable" in t for t in fx.values()), fx.keys()
+    assert torch_pjrt.compile_stats()["executables"] == 2  # forward and backward, the kernel inside each
+    cq, ck, cv = (t.clone().requires_grad_() for t in (q, k, v))
+    want = f(cq, ck, cv)
+    want.backward()
+    torch.testing.assert_close(loss.detach().cpu(), want.detach(), atol=1e-5, rtol=1e-5)
+    for p, c in ((pq, cq), (pk, ck), (pv, cv)):
+        torch.testing.assert_close(p.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)

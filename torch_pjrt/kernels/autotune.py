@@ -107,8 +107,10 @@ def best(k: str, configs: list[dict], measure: Callable[[dict], float]) -> dict:
 
 def clear(disk: bool = False) -> None:
     """Forget tuned choices (and delete the cache file with disk=True)."""
+    global _loaded_from
     with _lock:
         _memory.clear()
+        _loaded_from = None  # the next lookup reads the file again
         if disk:
             try:
                 cache_path().unlink()
