@@ -109,6 +109,20 @@ class Kernel:
         raise KernelError(f"{self.name}: no implementation for platform '{platform_name}' (the kernel supports "
                           f"{', '.join(self.platforms)}; give reference= or a variant for '{platform_name}')")
 
+    # ------------------------------------------------------------------ on JAX arrays
+    def jax_forward(self, *args, platform: str | None = None, **kwargs):
+        """The op on JAX arrays (inside your own jax.jit, say), as a pjrt or host call would run it."""
+        platform_name = targets.canonical(platform) if platform else targets.target()
+        with targets.tracing_for(platform_name):
+            return self._run(platform_name, args, kwargs)
+
+    def jax_backward(self, args: tuple, kwargs: dict, outputs: tuple, grad_outputs: tuple,
+                     platform: str | None = None) -> list:
+        """Gradients (one per Tensor argument; zero-size where there is none) on JAX arrays."""
+        platform_name = targets.canonical(platform) if platform else targets.target()
+        with targets.tracing_for(platform_name):
+            return self._backward(platform_name, list(args), dict(kwargs), tuple(outputs), tuple(grad_outputs))
+
     # ------------------------------------------------------------------ lowering
     def _lower(self, *args, **kwargs):
         """The op-table lowering: traced inside an eager executable or a compiled graph."""
