@@ -51,16 +51,20 @@ def _forward_block(x_ref, t_ref, loss_ref, lse_ref, *, ignore_index, vocab, bloc
     lse_ref[...] = lse.astype(lse_ref.dtype)
 
 
-def _backward_block(x_ref, t_ref, lse_ref, g_ref, glse_ref, dx_ref, *, ignore_index):
+def _backward_block(x_ref, t_ref, lse_ref, g_ref, glse_ref, dx_ref, *, ignore_index, block_v):
     acc = accumulator(x_ref.dtype)
-    x = x_ref[...].astype(acc)
     target = t_ref[...]
-    cols = jax.lax.iota(jnp.int32, x.shape[1])
+    lse = lse_ref[...].astype(acc)
     g = jnp.where(target != ignore_index, g_ref[...].astype(acc), 0.0)
-    p = jnp.exp(x - lse_ref[...].astype(acc)[:, None])
-    # d loss/dx = (p - onehot) * g; the logsumexp output's own gradient adds p * g_lse
     g_lse = glse_ref[...].astype(acc)
-    dx_ref[...] = (p * (g + g_lse)[:, None] - (cols[None, :] == target[:, None]) * g[:, None]).astype(dx_ref.dtype)
+
+    @pl.loop(0, x_ref.shape[1] // block_v)
+    def _(j):  # one vocabulary chunk at a time, as in the forward
+        cols = j * block_v + jax.lax.iota(jnp.int32, block_v)
+        p = jnp.exp(x_ref[:, pl.ds(j * block_v, block_v)].astype(acc) - lse[:, None])
+        # d loss/dx = (p - onehot) * g; the logsumexp output's own gradient adds p * g_lse
+        dx = p * (g + g_lse)[:, None] - (cols[None, :] == target[:, None]) * g[:, None]
+        dx_ref[:, pl.ds(j * block_v, block_v)] = dx.astype(dx_ref.dtype)
 
 
 def _layout(logits, block_rows, block_v):
@@ -76,7 +80,7 @@ def _backward(logits, target, ignore_index: int = -100, *, outputs, grad_outputs
     row_spec = pl.BlockSpec((rows, xp.shape[1]), lambda i: (i, 0))
     vec_spec = pl.BlockSpec((rows,), lambda i: (i,))
     dx = pallas_call(
-        functools.partial(_backward_block, ignore_index=ignore_index),
+        functools.partial(_backward_block, ignore_index=ignore_index, block_v=bv),
         jax.ShapeDtypeStruct(xp.shape, logits.dtype),
         grid=(xp.shape[0] // rows,),
         in_specs=[row_spec, vec_spec, vec_spec, vec_spec, vec_spec],
