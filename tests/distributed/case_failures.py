@@ -1,1 +1,39 @@
-"""Failure behaviour: filled in below."""
+"""Failure behaviour: a dead rank, a stuck rank, mismatched shapes must raise, not hang."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed.common import case, init, pjrt
+
+TIMEOUT_S = 6
+
+
+@case
+def failure(mode: str) -> dict:
+    """Rank 1 misbehaves (mode: killed, stuck, mismatch); every other rank reports the error it got."""
+    init(timeout_s=TIMEOUT_S)
+    rank = dist.get_rank()
+    t = torch.ones(4, device=pjrt())
+    dist.all_reduce(t)  # everyone is up
+    if rank == 1 and mode == "killed":
+        os._exit(3)
+    if rank == 1 and mode == "stuck":
+        time.sleep(4 * TIMEOUT_S)
+        return {"peer_failed": True}
+    if mode == "mismatch":
+        t = torch.ones(4 + rank, device=pjrt())
+    else:
+        time.sleep(1)  # let the peer die or get stuck first
+    start = time.monotonic()
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        t.cpu()
+        error = None
+    except Exception as e:  # noqa: BLE001  (the error is the result)
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.monotonic() - start, "peer_failed": True}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import os
 
+import jax
+import jax.numpy as jnp
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
@@ -20,7 +22,7 @@ from torch._C._distributed_c10d import ProcessGroupGloo
 from .. import platform, storage
 from . import runtime
 from .host import HostWork, copy_back, to_host
-from .work import CollectiveError, PjrtWork
+from .work import CollectiveError, PjrtWork, dispatch
 from .xla import REDUCE_OPS, GroupMesh
 
 BACKEND = "pjrt"
@@ -115,8 +117,6 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     # ------------------------------------------------------------------ setup
     def _group_mesh(self) -> GroupMesh | None:
         """The XLA path's mesh, or None where a rank lacks JAX's multi-process runtime."""
-        import jax
-
         device = platform.device(self.device_index)
         mine = torch.tensor([jax.process_index(), device.id, int(self._xla_possible())], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.size())]
@@ -166,10 +166,15 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                                    f"pjrt:{self.device_index} (pjrt:LOCAL_RANK where a process sees several devices)")
         return True
 
-    def _xla(self, label: str, name: str, source: torch.Tensor, target: torch.Tensor, **params) -> PjrtWork:
-        result = self.mesh.run(name, storage.read(source), **params)
-        storage.write(target, result)
-        return PjrtWork(self._what(label), [target], (result,), self.timeout)
+    def _xla(self, label: str, name: str, x, finish, result: list, **params) -> PjrtWork:
+        """Collective `name` of xla.BODIES on this rank's value `x` (read now, on this thread);
+        `finish(output)` stores the output when the work is waited for."""
+        mesh = self.mesh
+        future = dispatch(lambda: jax.block_until_ready(mesh.run(name, x, **params)))
+        return PjrtWork(self._what(label), result, future, finish, self.timeout)
+
+    def _xla_in_place(self, label: str, name: str, t: torch.Tensor, **params) -> PjrtWork:
+        return self._xla(label, name, storage.read(t), lambda out: storage.write(t, out), [t], **params)
 
     def _staged(self, op: str, run, inputs, outputs, result=None, after=None) -> HostWork:
         """Run gloo's `run(host_inputs, host_outputs)` on host mirrors; copy outputs back on wait."""
@@ -202,7 +207,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         for t in tensors:
             self._check("all_reduce", t)
         if self._on_xla("all_reduce", *tensors):
-            works = [self._xla("all_reduce", "all_reduce", t, t, op=op) for t in tensors]
+            works = [self._xla_in_place("all_reduce", "all_reduce", t, op=op) for t in tensors]
             return works[0] if len(works) == 1 else _joined(self._what("all_reduce"), works, tensors)
         return self._staged("all_reduce", lambda i, o: self.host.allreduce(o, _gloo_reduce(dist.AllreduceOptions(), op)),
                             tensors, tensors, after=self._average if op == "AVG" else None)
@@ -218,7 +223,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         (t,) = tensors
         self._check("broadcast", t)
         if self._on_xla("broadcast", t):
-            return self._xla("broadcast", "broadcast", t, t, src=opts.rootRank)
+            return self._xla_in_place("broadcast", "broadcast", t, src=opts.rootRank)
         options = dist.BroadcastOptions()
         options.rootRank = opts.rootRank
         return self._staged("broadcast", lambda i, o: self.host.broadcast(o, options), tensors, tensors)
@@ -229,10 +234,9 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         (t,) = tensors
         self._check("reduce", t)
         if self._on_xla("reduce", t):  # an all-reduce whose result only the root keeps
-            result = self.mesh.run("all_reduce", storage.read(t), op=op)
-            if self.rank() == opts.rootRank:
-                storage.write(t, result)
-            return PjrtWork(self._what("reduce"), tensors, (result,), self.timeout)
+            root = self.rank() == opts.rootRank
+            return self._xla("reduce", "all_reduce", storage.read(t),
+                             lambda out: storage.write(t, out) if root else None, tensors, op=op)
         options = _gloo_reduce(dist.ReduceOptions(), op)
         options.rootRank = opts.rootRank
         root = self.rank() == opts.rootRank
@@ -244,10 +248,8 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         _expect(output.numel() == input.numel() * self.size(), self._what("all_gather_into_tensor"),
                 f"output has {output.numel()} elements, expected {self.size()} x {input.numel()}")
         if self._on_xla("all_gather_into_tensor", output, input):
-            flat = storage.read(input).reshape(-1)
-            result = self.mesh.run("all_gather", flat).reshape(tuple(output.shape))
-            storage.write(output, result)
-            return PjrtWork(self._what("all_gather_into_tensor"), [output], (result,), self.timeout)
+            return self._xla("all_gather_into_tensor", "all_gather", storage.read(input).reshape(-1),
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output])
         return self._staged("all_gather_into_tensor", lambda i, o: self.host._allgather_base(o, i), input, output)
 
     _allgather_base = all_gather_single  # its name before torch 2.13
@@ -256,13 +258,11 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         (outputs,), (t,) = output_lists, inputs
         self._check("all_gather", t)
         if self._on_xla("all_gather", t, *outputs) and all(o.shape == t.shape for o in outputs):
-            result = self.mesh.run("all_gather", storage.read(t).reshape(-1))
-            pending = []
-            for r, o in enumerate(outputs):
-                part = result[r * t.numel():(r + 1) * t.numel()].reshape(tuple(t.shape))
-                storage.write(o, part)
-                pending.append(part)
-            return PjrtWork(self._what("all_gather"), output_lists, (result,), self.timeout)
+            def finish(out):
+                for o, part in zip(outputs, out.reshape((len(outputs),) + tuple(t.shape))):
+                    storage.write(o, part)
+
+            return self._xla("all_gather", "all_gather", storage.read(t).reshape(-1), finish, output_lists)
         return self._staged("all_gather", lambda i, o: self.host.allgather(o, i), inputs, output_lists)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
@@ -278,10 +278,8 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         _expect(input.numel() == output.numel() * self.size(), self._what("reduce_scatter_tensor"),
                 f"input has {input.numel()} elements, expected {self.size()} x {output.numel()}")
         if self._on_xla("reduce_scatter_tensor", output, input):
-            result = self.mesh.run("reduce_scatter", storage.read(input).reshape(-1), op=op)
-            result = result.reshape(tuple(output.shape))
-            storage.write(output, result)
-            return PjrtWork(self._what("reduce_scatter_tensor"), [output], (result,), self.timeout)
+            return self._xla("reduce_scatter_tensor", "reduce_scatter", storage.read(input).reshape(-1),
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output], op=op)
         options = _gloo_reduce(dist.ReduceScatterOptions(), op)
         return self._staged("reduce_scatter_tensor", lambda i, o: self.host._reduce_scatter_base(o, i, options),
                             input, output, after=self._average if op == "AVG" else None)
@@ -300,12 +298,9 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         (out,), (ins,) = outputs, input_lists
         self._check("reduce_scatter", out)
         if self._on_xla("reduce_scatter", out, *ins) and all(i.shape == out.shape for i in ins):
-            import jax.numpy as jnp
-
             stacked = jnp.concatenate([storage.read(i).reshape(-1) for i in ins])
-            result = self.mesh.run("reduce_scatter", stacked, op=op).reshape(tuple(out.shape))
-            storage.write(out, result)
-            return PjrtWork(self._what("reduce_scatter"), outputs, (result,), self.timeout)
+            return self._xla("reduce_scatter", "reduce_scatter", stacked,
+                             lambda res: storage.write(out, res.reshape(tuple(out.shape))), outputs, op=op)
         options = _gloo_reduce(dist.ReduceScatterOptions(), op)
         return self._staged("reduce_scatter", lambda i, o: self.host.reduce_scatter(o, i, options), input_lists,
                             outputs, after=self._average if op == "AVG" else None)
@@ -315,9 +310,8 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         even = not output_split_sizes and not input_split_sizes
         self._check("all_to_all_single", input.flatten()[:0] if not even else input)
         if even and self._on_xla("all_to_all_single", output, input) and input.shape[0] % self.size() == 0:
-            result = self.mesh.run("all_to_all", storage.read(input)).reshape(tuple(output.shape))
-            storage.write(output, result)
-            return PjrtWork(self._what("all_to_all_single"), [output], (result,), self.timeout)
+            return self._xla("all_to_all_single", "all_to_all", storage.read(input),
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output])
         options = dist.AllToAllOptions()
         return self._staged("all_to_all_single", lambda i, o: self.host.alltoall_base(
             o, i, list(output_split_sizes), list(input_split_sizes), options), input, output)

@@ -12,7 +12,6 @@ import datetime
 from typing import Callable
 
 import torch
-from torch.futures import Future
 
 from .work import CollectiveError, PjrtWork
 
@@ -40,7 +39,7 @@ class HostWork(PjrtWork):
 
     def __init__(self, what: str, result: list, gloo_work, finish: Callable[[], None],
                  timeout: datetime.timedelta | None = None):
-        super().__init__(what, result, (), timeout)
+        super().__init__(what, result, timeout=timeout)
         self._gloo, self._finish = gloo_work, finish
 
     def is_completed(self) -> bool:
@@ -59,11 +58,3 @@ class HostWork(PjrtWork):
         finish, self._finish = self._finish, None
         finish()
         return True
-
-    def get_future(self) -> Future:
-        # the results exist only once copied back, so the future is completed by waiting
-        try:
-            self.wait()
-        except CollectiveError:
-            pass  # the future carries the error
-        return super().get_future()

@@ -1,39 +1,47 @@
 """Work objects of the pjrt process group.
 
-A collective's result tensors already hold its output (on the XLA path, arrays JAX is
-still computing), so every later op on them is ordered after the collective by data
-dependency, as a CUDA stream orders ops after NCCL. That makes the future complete at
-once; `wait()` blocks until the device has finished, with the group's timeout, because
-that is where a dead or stuck peer must turn into an error instead of a hang.
+An XLA collective runs on one dispatcher thread (shared by all groups, so a process
+issues its collectives in program order, which every rank must share anyway): XLA's CPU
+collectives block the calling thread until every peer has joined, and a peer that died
+or never calls would otherwise hang the caller for good. `wait()` takes the result with
+the group's timeout, raises `CollectiveError` naming the op, group and ranks when it
+fails or expires, and writes the result into the op's tensors.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
+from typing import Callable
 
-import jax
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
-# block_until_ready has no timeout: it runs here so that wait() can give up on it
-_waiter = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pjrt-collective-wait")
+_dispatcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pjrt-collectives")
 
 
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message names the op, the group and its ranks."""
 
 
+def dispatch(compute: Callable[[], object]) -> concurrent.futures.Future:
+    """Run `compute` (an XLA collective, blocked on until done) on the dispatcher thread."""
+    return _dispatcher.submit(compute)
+
+
 class PjrtWork(Work):
-    def __init__(self, what: str, result: list, pending: tuple = (), timeout: datetime.timedelta | None = None):
+    """A collective in flight: `future` yields its value, `finish(value)` stores it in the op's tensors."""
+
+    def __init__(self, what: str, result: list, future: concurrent.futures.Future | None = None,
+                 finish: Callable[[object], None] | None = None, timeout: datetime.timedelta | None = None):
         super().__init__()
-        self.what = what  # "all_reduce on group 'default' (global ranks [0, 1]), this rank 0"
+        self.what = what  # "all_reduce on process group '0' (global ranks [0, 1]; ...)"
         self._result = result
-        self._pending = tuple(pending)  # jax arrays still being computed
+        self._future, self._finish = future, finish
         self._timeout = timeout
         self._error: BaseException | None = None
 
     def is_completed(self) -> bool:
-        return all(a.is_ready() for a in self._pending)
+        return self._future is None or self._future.done()
 
     def is_success(self) -> bool:
         return self._error is None
@@ -44,24 +52,23 @@ class PjrtWork(Work):
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self._error is not None:
             raise self._error
-        if not self._pending:
+        if self._future is None:
             return True
         limit = timeout if timeout else self._timeout  # timedelta(0): the caller gave none
         seconds = limit.total_seconds() if limit else None
         try:
-            if self.is_completed():  # still surfaces a failed computation's error
-                jax.block_until_ready(self._pending)
-            else:
-                _waiter.submit(jax.block_until_ready, self._pending).result(timeout=seconds)
+            value = self._future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
             self._error = CollectiveError(
-                f"pjrt: {self.what} did not finish within {seconds:.0f} s; a peer rank may have died or not "
-                f"called the same collective")
+                f"pjrt: {self.what} did not finish within {seconds:.0f} s; a peer rank may have died or not called "
+                f"the same collective")
             raise self._error from None
         except Exception as e:  # noqa: BLE001  (XLA's error, e.g. gloo's "connection closed by peer")
             self._error = CollectiveError(f"pjrt: {self.what} failed: {e}")
             raise self._error from None
-        self._pending = ()
+        finish, self._future, self._finish = self._finish, None, None
+        if finish is not None:
+            finish(value)
         return True
 
     def synchronize(self) -> None:
@@ -71,14 +78,11 @@ class PjrtWork(Work):
         return self._result
 
     def get_future(self) -> Future:
+        # the result tensors hold the value only once waited for, so the future completes by waiting
         future = Future()
-        if self._error is not None:
-            future.set_exception(self._error)
-        else:
+        try:
+            self.wait()
             future.set_result(self._result)
+        except CollectiveError as e:
+            future.set_exception(e)
         return future
-
-
-def completed(what: str, result: list) -> PjrtWork:
-    """The work of a collective that already finished (host-staged ops run synchronously)."""
-    return PjrtWork(what, result)

@@ -1,0 +1,44 @@
+"""Failure behaviour of the pjrt process group: a rank that dies, a rank that never joins a
+collective, and ranks that pass different shapes make the others raise an error naming
+the op and the ranks, within the group's timeout (6 s here); nothing hangs.
+
+Rank 1 misbehaves; rank 0's error is checked. Both data paths: the XLA path with the
+shape checks off (so XLA's own collective meets the failure) and the host-staged path.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.launch import launch
+
+XLA_UNCHECKED = {"TORCH_PJRT_COLLECTIVE_CHECKS": "0"}
+HOST = {"TORCH_PJRT_COLLECTIVES": "host"}
+
+
+def _rank0(mode: str, env: dict) -> dict:
+    results = launch("failure", 2, timeout=120, env=env, args=[mode])
+    value = results[0].value
+    assert value is not None, results[0].output[-3000:]
+    return value
+
+
+@pytest.mark.parametrize("env", [XLA_UNCHECKED, HOST], ids=["xla", "host"])
+def test_killed_rank_raises(env):
+    value = _rank0("killed", env)
+    assert value["error"] is not None and "all_reduce" in value["error"] and "[0, 1]" in value["error"], value
+    assert value["seconds"] < 30
+
+
+@pytest.mark.parametrize("env", [XLA_UNCHECKED, HOST], ids=["xla", "host"])
+def test_stuck_rank_times_out(env):
+    value = _rank0("stuck", env)
+    assert value["error"] is not None and "all_reduce" in value["error"], value
+    assert 5 < value["seconds"] < 30, value  # the group's timeout (6 s), not forever
+
+
+def test_mismatched_shapes_raise_on_every_rank():
+    results = launch("failure", 2, timeout=120, args=["mismatch"])
+    for r in results:
+        error = r.value["error"]
+        assert error is not None and "all_reduce" in error, r.value
+        assert "rank 0: all_reduce(float32[4])" in error and "rank 1: all_reduce(float32[5])" in error, error
