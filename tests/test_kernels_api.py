@@ -264,3 +264,17 @@ def test_compiled_aten_grouped_mm_equals_eager():
     torch.testing.assert_close(loss.detach().cpu(), want.detach().cpu(), atol=1e-2, rtol=1e-3)
     torch.testing.assert_close(pa.grad.cpu(), ea.grad.cpu(), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(pb.grad.cpu(), eb.grad.cpu(), atol=1e-2, rtol=1e-2)
+
+
+def test_tutorial_in_docs_runs():
+    """docs/kernels.md's tutorial (write the kernel, then its test) runs as written."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "kernels.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict = {}
+    exec(compile(blocks[0] + "\n" + blocks[1], "docs/kernels.md", "exec"), namespace)  # noqa: S102
+    namespace["test_swiglu"]()
+    gate, up = torch.randn(64, 16, device="pjrt"), torch.randn(64, 16, device="pjrt")
+    torch.testing.assert_close(namespace["swiglu"](gate, up).cpu(), (F.silu(gate) * up).cpu())
