@@ -1,0 +1,85 @@
+"""DDP training-step time of the char GPT from 1 to 4 processes (weak scaling: a fixed batch
+per process), on pjrt (XLA path and host-staged path) and, as the peer, torch CPU tensors
+over gloo, each launched with torchrun.
+
+    python benchmarks/distributed_ddp.py [--nprocs 1 2 4] [--steps 12]
+
+prints a markdown table of the median step time (forward, backward with bucketed
+gradient all-reduce, AdamW) on rank 0. On a machine with fewer cores than processes the
+processes share cores, so the times measure contention as much as communication.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIGS = {  # name: (device, extra environment)
+    "pjrt, XLA path": ("pjrt", {}),
+    "pjrt, host-staged path": ("pjrt", {"TORCH_PJRT_COLLECTIVES": "host"}),
+    "torch CPU, gloo": ("cpu", {}),
+}
+MODEL = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
+BATCH_PER_PROCESS = 8
+
+
+def worker(device: str, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_pjrt.demo_models import gpt_setup
+
+    dist.init_process_group("pjrt" if device == "pjrt" else "gloo")
+    data, model, _ = gpt_setup(device, seed=0, **MODEL)
+    model = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    times = []
+    for _ in range(steps):
+        x, y = data.batch(g, BATCH_PER_PROCESS, MODEL["block_size"])
+        start = time.perf_counter()
+        _, loss = model(x.to(device), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        float(loss)  # waits for the step
+        times.append(time.perf_counter() - start)
+    steady = sorted(times[2:])  # the first steps compile
+    if dist.get_rank() == 0:
+        print(json.dumps({"seconds": steady[len(steady) // 2]}), flush=True)
+    dist.destroy_process_group()
+
+
+def run(nproc: int, steps: int, device: str, env: dict) -> float:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               __file__, "--worker", device, "--steps", str(steps)]
+    full_env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", OMP_NUM_THREADS="1", **env)
+    out = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"{command} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return next(json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=["pjrt", "cpu"])
+    parser.add_argument("--nprocs", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps)
+        return
+    print(f"DDP step, char GPT {MODEL}, batch {BATCH_PER_PROCESS} per process, load: {os.getloadavg()[0]:.1f}\n")
+    print("| processes | " + " | ".join(f"{name} (ms)" for name in CONFIGS) + " |")
+    print("|---" * (len(CONFIGS) + 1) + "|")
+    for n in args.nprocs:
+        cells = [f"{run(n, args.steps, device, env) * 1e3:.1f}" for device, env in CONFIGS.values()]
+        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
