@@ -5,8 +5,8 @@ torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; our C++ stub
 "overrideable" routes the call to `aten._scaled_dot_product_fused_attention_overrideable`
 (and autograd to its `_backward`), whose lowerings here run the flash-attention kernel; so
 eager calls and compiled graphs both use it, the latter inlined in the graph's executable.
-Anything else (a mask, dropout, odd head sizes, float64) takes torch's math path, which
-decomposes into table ops as before.
+Anything else (a mask, dropout, odd head sizes, float64, symbolic sizes under dynamic=True)
+takes torch's math path, which decomposes into table ops as before.
 
 TORCH_PJRT_FLASH_SDPA=0 turns the kernel off (math everywhere).
 """
@@ -57,6 +57,10 @@ def suits_flash(query, key, value, attn_mask, dropout_p: float) -> bool:
 def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
     """The backend for one SDPA call; `torch.nn.attention.sdpa_kernel` limits the choice as on CUDA
     (SDPBackend.OVERRIDEABLE is the flash kernel, SDPBackend.MATH the decomposition)."""
+    if any(not isinstance(n, int) for n in (*query.shape, *key.shape, *value.shape)):
+        # symbolic sizes (torch.compile dynamic=True): the math path's ops are the ones the
+        # compiler's shape bucketing (compiler/padding.py) knows how to pad
+        return MATH if torch._C._get_math_sdp_enabled() else ERROR
     heads_ok = query.dim() < 3 or key.dim() < 3 or query.shape[-3] == key.shape[-3] or enable_gqa
     if (heads_ok and torch._C._get_overrideable_sdp_enabled()
             and suits_flash(query, key, value, attn_mask, dropout_p)):
