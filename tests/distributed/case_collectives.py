@@ -38,6 +38,19 @@ def _avg_reference(t: torch.Tensor, group) -> None:
 
 
 @case
+def smoke() -> dict:
+    """One all_reduce: what a job launched by torchrun itself sees."""
+    init()
+    import jax
+
+    t = torch.full((3,), float(dist.get_rank() + 1), device=pjrt())
+    dist.all_reduce(t)
+    n = dist.get_world_size()
+    check_equal("all_reduce", t, torch.full((3,), n * (n + 1) / 2))
+    return {"path": "xla" if dist.group.WORLD.mesh is not None else "host", "jax_processes": jax.process_count()}
+
+
+@case
 def collectives() -> dict:
     init()
     n, rank = dist.get_world_size(), dist.get_rank()

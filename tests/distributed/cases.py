@@ -18,7 +18,7 @@ from tests.distributed.common import CASES, failures
 
 
 def main() -> None:
-    name, out = sys.argv[1], sys.argv[2]
+    name, out = sys.argv[1], sys.argv[2].replace("{rank}", os.environ.get("RANK", "0"))
     result: dict = {}
     try:
         result = CASES[name](*sys.argv[3:]) or {}
