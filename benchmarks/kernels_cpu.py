@@ -32,6 +32,7 @@ import torch_pjrt  # noqa: E402,F401
 from torch_pjrt import kernels, storage  # noqa: E402
 from torch_pjrt.kernels.attention import flash_attention_kernel  # noqa: E402
 from torch_pjrt.kernels.cross_entropy import softmax_cross_entropy_kernel  # noqa: E402
+from torch_pjrt.kernels.op import _reference_vjp  # noqa: E402
 
 
 # ------------------------------------------------------------------ workloads: (kernel, args, torch function)
@@ -82,6 +83,10 @@ def _jax_args(args, device):
     return [jax.device_put(storage.to_numpy(a), device) if isinstance(a, torch.Tensor) else a for a in args]
 
 
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def _cotangents(outputs):
     return tuple(jnp.ones_like(o) for o in outputs)
 
@@ -99,21 +104,12 @@ def jax_step(kernel, args, use_reference: bool, device):
 
     if use_reference:
         def step(*xs):
-            floats = [i for i, x in enumerate(xs) if jnp.issubdtype(x.dtype, jnp.inexact)]
-
-            def f(*fs):
-                ys = list(xs)
-                for i, y in zip(floats, fs):
-                    ys[i] = y
-                return kernel.reference(*full(ys))
-
-            out, pull = jax.vjp(f, *[xs[i] for i in floats])
-            return out, pull(jax.tree.map(jnp.ones_like, out))
+            out = kernel.reference(*full(xs))
+            return out, _reference_vjp(kernel.reference, full(xs), {}, arrays, _cotangents(_as_tuple(out)))
     else:
         def step(*xs):
             out = kernel.jax_forward(*full(xs))
-            outputs = out if isinstance(out, tuple) else (out,)
-            return out, kernel.jax_backward(tuple(full(xs)), {}, outputs, _cotangents(outputs))
+            return out, kernel.jax_backward(tuple(full(xs)), {}, _as_tuple(out), _cotangents(_as_tuple(out)))
 
     compiled = jax.jit(step)
     inputs = [values[i] for i in arrays]

@@ -164,15 +164,7 @@ class Kernel:
     # ------------------------------------------------------------------ host tensors
     def _host(self, *args, **kwargs):
         """CPU tensors: the same JAX function on JAX's CPU device."""
-        values = self.sig.bind(args, kwargs)
-        device = targets.host_device()
-        for i, kind in enumerate(self.sig.kinds):
-            if kind == TENSOR and isinstance(values[i], torch.Tensor):
-                values[i] = _to_host_jax(values[i], device)
-            elif kind == TENSOR_LIST and values[i] is not None:
-                values[i] = [_to_host_jax(t, device) if isinstance(t, torch.Tensor) else t for t in values[i]]
-        result = executable(self._host_lowering)(*prepare(self._host_lowering, self.sig, values))
-        return _to_torch(result)
+        return _run_on_host(self._host_lowering, args, kwargs)
 
     # ------------------------------------------------------------------ fake (meta)
     def _fake(self, *args, **kwargs):
@@ -208,19 +200,7 @@ class Kernel:
         bwd_lowering = _register_lowering(op, self._lower_backward)
         _register_pjrt_kernel(self._lib, op, bwd_lowering)
         host = Lowering(op, self._lower_backward_on_host, frozenset(), True, False, frozenset())
-        bwd_sig = Signature.of(op)
-
-        def host_impl(*args, **kwargs):
-            values = bwd_sig.bind(args, kwargs)
-            device = targets.host_device()
-            for i, kind in enumerate(bwd_sig.kinds):
-                if kind == TENSOR and isinstance(values[i], torch.Tensor):
-                    values[i] = _to_host_jax(values[i], device)
-                elif kind == TENSOR_LIST:
-                    values[i] = [_to_host_jax(t, device) for t in values[i]]
-            return _to_torch(executable(host)(*prepare(host, bwd_sig, values)))
-
-        self._lib.impl(op._schema.name.split("::")[1], host_impl, "CPU")
+        self._lib.impl(op._schema.name.split("::")[1], functools.partial(_run_on_host, host), "CPU")
         torch.library.register_fake(op, self._fake_backward, lib=self._lib)
         self.custom_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
 
@@ -249,7 +229,7 @@ class Kernel:
             result = self.backward_fn(*args, outputs=outputs, grad_outputs=grads, **kwargs, **cfg)
             result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         else:
-            result = _reference_vjp(self.reference, args, kwargs, positions, outputs, grads)
+            result = _reference_vjp(self.reference, args, kwargs, positions, grads)
         if len(result) != len(positions):
             raise KernelError(f"{self.name}: backward returned {len(result)} gradients for {len(positions)} "
                               f"tensor arguments")
@@ -354,6 +334,19 @@ def _pjrt_device():
     return platform.device(torch.pjrt.current_device())
 
 
+def _run_on_host(host_lowering: Lowering, args: tuple, kwargs: dict):
+    """A dispatcher call on CPU tensors: bind, move tensors to JAX's CPU device, run the cached executable."""
+    sig = Signature.of(host_lowering.op)
+    values = sig.bind(args, kwargs)
+    device = targets.host_device()
+    for i, kind in enumerate(sig.kinds):
+        if kind == TENSOR and isinstance(values[i], torch.Tensor):
+            values[i] = _to_host_jax(values[i], device)
+        elif kind == TENSOR_LIST and values[i] is not None:
+            values[i] = [_to_host_jax(t, device) if isinstance(t, torch.Tensor) else t for t in values[i]]
+    return _to_torch(executable(host_lowering)(*prepare(host_lowering, sig, values)))
+
+
 def _to_host_jax(t: torch.Tensor, device) -> jax.Array:
     if t.device.type != "cpu":
         raise KernelError(f"expected CPU tensors on the host path, got {t.device}")
@@ -388,7 +381,7 @@ def _empty_like_spec(out, device):
     return torch.empty(out.shape, dtype=to_torch(out.dtype), device=device)
 
 
-def _reference_vjp(reference, args: list, kwargs: dict, positions: list, outputs: tuple, grads: tuple):
+def _reference_vjp(reference, args: list, kwargs: dict, positions: list, grads: tuple):
     """Gradients of `reference` by jax.vjp, for its floating-point tensor arguments."""
     diff = [i for i in positions if args[i] is not None and jnp.issubdtype(args[i].dtype, jnp.inexact)]
 

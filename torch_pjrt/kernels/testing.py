@@ -15,7 +15,7 @@ import torch
 
 from .. import storage
 from . import platforms
-from .op import Kernel
+from .op import Kernel, _reference_vjp
 
 
 def _split(sample) -> tuple[tuple, dict]:
@@ -48,25 +48,19 @@ def reference_outputs(kernel: Kernel, args: tuple, kwargs: dict, cotangents: tup
     """(outputs, gradients of floating tensor args or None) of `kernel.reference`, as host tensors."""
     if kernel.reference is None:
         raise ValueError(f"{kernel.name}: check needs a reference= implementation")
-    diff = [i for i, a in enumerate(args) if _differentiable(a)]
     host = [_host_array(a) for a in args]
     kw = {k: _host_array(v) for k, v in kwargs.items()}
-
-    def f(*xs):
-        full = list(host)
-        for i, x in zip(diff, xs):
-            full[i] = x
-        return kernel.reference(*full, **kw)
-
+    tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     with platforms.tracing_for("cpu"):
-        out, pull = jax.vjp(f, *[host[i] for i in diff])
-        grads = None
-        if cotangents is not None:
-            ct = tuple(jax.device_put(storage.to_numpy(c), platforms.host_device()) for c in cotangents)
-            grads = pull(ct if isinstance(out, (tuple, list)) else ct[0])
-    to_torch = lambda a: storage.from_numpy(np.asarray(a))  # noqa: E731
-    outs = tuple(to_torch(o) for o in _as_tuple(out))
-    return outs, (dict(zip(diff, (to_torch(g) for g in grads))) if grads is not None else None)
+        outs = tuple(_to_torch(o) for o in _as_tuple(kernel.reference(*host, **kw)))
+        if cotangents is None:
+            return outs, None
+        grads = _reference_vjp(kernel.reference, host, kw, tensors, tuple(_host_array(c) for c in cotangents))
+    return outs, {i: _to_torch(g) for i, g in zip(tensors, grads) if g is not None}
+
+
+def _to_torch(a) -> torch.Tensor:
+    return storage.from_numpy(np.asarray(a))
 
 
 def check(kernel: Kernel, samples: Iterable[Any], *, atol: float | None = None, rtol: float | None = None,
