@@ -83,6 +83,13 @@ def _forward_block(q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, q_len,
     lse_ref[...] = (m + jnp.log(l)).astype(lse_ref.dtype)
 
 
+def _probabilities_and_score_grads(q, k, v, do, lse, delta, mask, scale, acc):
+    """A (query block, key block) tile of the backward: P recomputed from the saved logsumexp,
+    and dS = P * (dO V^T - D)."""
+    p = jnp.where(mask, jnp.exp(_dot(q * scale, k.T, acc) - lse[:, None]), 0.0)
+    return p, p * (_dot(do, v.T, acc) - delta[:, None])
+
+
 def _dkdv_block(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, scale, causal, q_len, kv_len,
                 block_q):
     block_k = k_ref.shape[0]
@@ -101,11 +108,9 @@ def _dkdv_block(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
         lse = lse_ref[pl.ds(i * block_q, block_q)].astype(acc)
         delta = delta_ref[pl.ds(i * block_q, block_q)].astype(acc)
         rows = i * block_q + jax.lax.iota(jnp.int32, block_q)
-        s = _dot(q * scale, k.T, acc)
-        p = jnp.where(_mask(rows, cols, kv_len, q_len, causal), jnp.exp(s - lse[:, None]), 0.0)
-        dv = dv + _dot(p.T, do, acc)
-        ds = p * (_dot(do, v.T, acc) - delta[:, None])
-        return dk + _dot(ds.T, q, acc) * scale, dv
+        p, ds = _probabilities_and_score_grads(q, k, v, do, lse, delta, _mask(rows, cols, kv_len, q_len, causal),
+                                               scale, acc)
+        return dk + _dot(ds.T, q, acc) * scale, dv + _dot(p.T, do, acc)
 
     dk, dv = jax.lax.fori_loop(start, n_q, step, (jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)))
     dk_ref[...] = dk.astype(dk_ref.dtype)
@@ -129,9 +134,8 @@ def _dq_block(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, scale,
         k = k_ref[pl.ds(j * block_k, block_k), :].astype(acc)
         v = v_ref[pl.ds(j * block_k, block_k), :].astype(acc)
         cols = j * block_k + jax.lax.iota(jnp.int32, block_k)
-        s = _dot(q * scale, k.T, acc)
-        p = jnp.where(_mask(rows, cols, kv_len, q_len, causal), jnp.exp(s - lse[:, None]), 0.0)
-        ds = p * (_dot(do, v.T, acc) - delta[:, None])
+        _, ds = _probabilities_and_score_grads(q, k, v, do, lse, delta, _mask(rows, cols, kv_len, q_len, causal),
+                                               scale, acc)
         return dq + _dot(ds, k, acc) * scale
 
     dq_ref[...] = jax.lax.fori_loop(0, n_k, step, jnp.zeros(q.shape, acc)).astype(dq_ref.dtype)
