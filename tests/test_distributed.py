@@ -34,7 +34,7 @@ def test_torchrun_launch(tmp_path):
         assert value == {"path": "xla", "jax_processes": 2, "failures": []}
 
 
-@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: also in subgroups, DCP
 def test_collectives_xla_path(nprocs):
     values = expect_success(launch("collectives", nprocs, timeout=240))
     assert all(v["path"] == "xla" for v in values)
@@ -42,7 +42,9 @@ def test_collectives_xla_path(nprocs):
 
 
 def test_collectives_host_path():
-    values = expect_success(launch("collectives", 2, timeout=180, env={"TORCH_PJRT_COLLECTIVES": "host"}))
+    """Host-staged, initialised with the mixed backend string "cpu:gloo,pjrt:pjrt"."""
+    values = expect_success(launch("collectives", 2, timeout=180, env={"TORCH_PJRT_COLLECTIVES": "host"},
+                                   args=["cpu:gloo,pjrt:pjrt"]))
     assert all(v["path"] == "host" for v in values)
 
 

@@ -51,8 +51,8 @@ def smoke() -> dict:
 
 
 @case
-def collectives() -> dict:
-    init()
+def collectives(backend: str = "pjrt") -> dict:
+    init(backend)
     n, rank = dist.get_world_size(), dist.get_rank()
     gloo = dist.new_group(backend="gloo")
     pg = dist.group.WORLD
