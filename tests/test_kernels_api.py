@@ -278,3 +278,19 @@ def test_tutorial_in_docs_runs():
     namespace["test_swiglu"]()
     gate, up = torch.randn(64, 16, device="pjrt"), torch.randn(64, 16, device="pjrt")
     torch.testing.assert_close(namespace["swiglu"](gate, up).cpu(), (F.silu(gate) * up).cpu())
+
+
+def test_supports_predicate_routes_unsuitable_shapes_to_the_reference():
+    @kernels.kernel("test_kernels::even_rows_only", reference=lambda x: x * 3,
+                    supports=lambda platform, x: x.shape[0] % 2 == 0)
+    def even_rows_only(x: torch.Tensor) -> torch.Tensor:
+        TRACED.append(("kernel", x.shape[0]))
+        return x * 3
+
+    for rows in (4, 5):
+        x = torch.randn(rows, 2, device="pjrt", requires_grad=True)
+        even_rows_only(x).sum().backward()
+        torch.testing.assert_close(x.grad.cpu(), torch.full((rows, 2), 3.0))
+    assert TRACED == [("kernel", 4)]  # 5 rows: the reference ran
+    assert kernels.rms_norm.supports("gpu", jax.ShapeDtypeStruct((3, 48), "float32"), None) is False
+    assert kernels.rms_norm.supports("gpu", jax.ShapeDtypeStruct((3, 64), "float32"), None) is True

@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 
 from .op import kernel
 from .platforms import pallas_call
-from .tiling import accumulator, pad_rows, row_block
+from .tiling import accumulator, pad_rows, row_block, triton_friendly
 
 
 def attention_reference(q, k, v, is_causal: bool = False, scale: float | None = None):
@@ -237,7 +237,9 @@ def flash_attention_backward(q, k, v, is_causal: bool = False, scale: float | No
 
 flash_attention_kernel = kernel("pjrt_kernels::flash_attention", reference=attention_reference,
                                 backward=flash_attention_backward,
-                                tune={"block_q": (64, 128, 32), "block_k": (64, 128, 32)})(_flash_forward)
+                                tune={"block_q": (64, 128, 32), "block_k": (64, 128, 32)},
+                                supports=lambda platform, q, k, v, *a, **kw: triton_friendly(platform, q.shape[-1],
+                                                                                             v.shape[-1]))(_flash_forward)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,

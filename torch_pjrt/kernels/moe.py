@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 from .op import kernel
 from .platforms import pallas_call
-from .tiling import accumulator, pad_rows, row_block
+from .tiling import accumulator, pad_rows, row_block, triton_friendly
 
 
 def _group_of(index, offs):
@@ -105,7 +105,9 @@ def _moe_forward(a, b, offs, *, block_m, block_n):
 
 
 @kernel("pjrt_kernels::grouped_mm", reference=grouped_mm_reference, backward=_backward,
-        tune={"block_m": (64, 128, 32), "block_n": (128, 64, 256)})
+        tune={"block_m": (64, 128, 32), "block_n": (128, 64, 256)},
+        supports=lambda platform, a, b, offs=None: not _moe_layout(a, b, offs)
+        or triton_friendly(platform, a.shape[-1], b.shape[-1], b.shape[0]))  # K, N (whole in the backward), G
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None, *, block_m: int = 64,
                block_n: int = 128) -> torch.Tensor:
     """torch._grouped_mm(a, b, offs) (see the module docstring for the layouts)."""

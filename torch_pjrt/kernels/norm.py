@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 
 from .op import kernel
 from .platforms import pallas_call
-from .tiling import accumulator, pad_rows, row_block
+from .tiling import accumulator, pad_rows, row_block, triton_friendly
 
 
 def rms_norm_reference(x, weight, eps: float):
@@ -70,7 +70,8 @@ def _backward(x, weight, eps: float, *, outputs, grad_outputs, block_rows=64):
 
 
 @kernel("pjrt_kernels::rms_norm", reference=rms_norm_reference, backward=_backward,
-        tune={"block_rows": (64, 128, 256, 32)})
+        tune={"block_rows": (64, 128, 256, 32)},
+        supports=lambda platform, x, w, eps=1e-6: triton_friendly(platform, x.shape[-1]))
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, block_rows: int = 64) -> torch.Tensor:
     """RMSNorm of `x` over its last dimension, scaled by `weight` (shape [x.shape[-1]])."""
     d = x.shape[-1]

@@ -57,7 +57,7 @@ class Kernel:
     """A registered kernel: call it like the function it wraps, on torch tensors."""
 
     def __init__(self, name: str, fn: Callable, *, reference: Callable | None, backward: Callable | None,
-                 platforms: Sequence[str], tune: dict | None):
+                 platforms: Sequence[str], tune: dict | None, supports: Callable | None = None):
         if "::" not in name:
             raise ValueError(f"pjrt kernel name {name!r}: use 'namespace::name', e.g. 'mylib::rms_norm'")
         self.name = name
@@ -67,6 +67,7 @@ class Kernel:
         self.platforms = tuple(targets.canonical(p) for p in platforms)
         self.variants: dict[str, Callable] = {}
         self.tune = dict(tune) if tune else None
+        self.supports = supports
         self.configs = autotune.candidates(self.tune)
         schema = _schema(fn, exclude=set(self.tune or ()))
         self.custom_op = torch.library.custom_op(name, mutates_args=(), device_types="cpu", schema=schema)(self._host)
@@ -97,17 +98,22 @@ class Kernel:
 
         return register
 
-    def implementation(self, platform_name: str) -> tuple[Callable, bool]:
-        """(function, tunable) that runs on `platform_name`: a variant, the kernel, or the reference."""
+    def implementation(self, platform_name: str, args: tuple | None = None, kwargs: dict | None = None
+                       ) -> tuple[Callable, bool]:
+        """(function, tunable) that runs on `platform_name` for these arguments (JAX arrays or shapes):
+        a variant, the kernel, or the reference."""
         platform_name = targets.canonical(platform_name)
         if platform_name in self.variants:
             return self.variants[platform_name], False
-        if platform_name in self.platforms:
+        if platform_name in self.platforms and (self.supports is None or args is None
+                                                or self.supports(platform_name, *args, **(kwargs or {}))):
             return self.fn, self.tune is not None
         if self.reference is not None:
             return self.reference, False
-        raise KernelError(f"{self.name}: no implementation for platform '{platform_name}' (the kernel supports "
-                          f"{', '.join(self.platforms)}; give reference= or a variant for '{platform_name}')")
+        raise KernelError(f"{self.name}: no implementation for platform '{platform_name}' and these arguments "
+                          f"(the kernel supports {', '.join(self.platforms)}"
+                          f"{' where supports= allows' if self.supports else ''}; give reference= or a variant "
+                          f"for '{platform_name}')")
 
     # ------------------------------------------------------------------ on JAX arrays
     def jax_forward(self, *args, platform: str | None = None, **kwargs):
@@ -133,12 +139,15 @@ class Kernel:
             return self._run("cpu", args, kwargs)
 
     def _run(self, platform_name: str, args, kwargs):
-        fn, tunable = self.implementation(platform_name)
-        if tunable and len(self.configs) > 1:
-            kwargs = {**kwargs, **self._tuned(fn, platform_name, args, kwargs)}
-        elif tunable:
-            kwargs = {**kwargs, **self.configs[0]}
-        return _as_jax_result(fn(*args, **kwargs))
+        fn, tunable = self.implementation(platform_name, args, kwargs)
+        config = self._config(fn, platform_name, args, kwargs) if tunable else {}
+        return _as_jax_result(fn(*args, **kwargs, **config))
+
+    def _config(self, fn, platform_name: str, args, kwargs) -> dict:
+        """The tunables for these arguments: tuned (or remembered) where the autotuner runs, else the defaults."""
+        if len(self.configs) > 1:
+            return self._tuned(fn, platform_name, args, kwargs)
+        return self.configs[0]
 
     def _tuned(self, fn, platform_name: str, args, kwargs) -> dict:
         if not autotune.enabled(platform_name):
@@ -200,7 +209,7 @@ class Kernel:
         bwd_lowering = _register_lowering(op, self._lower_backward)
         _register_pjrt_kernel(self._lib, op, bwd_lowering)
         host = Lowering(op, self._lower_backward_on_host, frozenset(), True, False, frozenset())
-        self._lib.impl(op._schema.name.split("::")[1], functools.partial(_run_on_host, host), "CPU")
+        self._lib.impl(op._schema.name.split("::")[1], lambda *a, **k: _run_on_host(host, a, k), "CPU")
         torch.library.register_fake(op, self._fake_backward, lib=self._lib)
         self.custom_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
 
@@ -222,11 +231,11 @@ class Kernel:
 
     def _backward(self, platform_name: str, args: list, kwargs: dict, outputs: tuple, grads: tuple):
         positions = [i for i in self.tensor_positions if i < len(args)]
-        use_kernel = self.backward_fn is not None and (
-            platform_name in self.platforms or platform_name in self.variants or self.reference is None)
-        if use_kernel:
-            cfg = self.configs[0] if self.tune else {}
-            result = self.backward_fn(*args, outputs=outputs, grad_outputs=grads, **kwargs, **cfg)
+        fn, tunable = self.implementation(platform_name, tuple(args), kwargs)
+        if self.backward_fn is not None and (fn is not self.reference or self.reference is None):
+            # the backward kernel takes the block sizes the forward was tuned to for these shapes
+            config = self._config(self.fn, platform_name, tuple(args), kwargs) if tunable else {}
+            result = self.backward_fn(*args, outputs=outputs, grad_outputs=grads, **kwargs, **config)
             result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         else:
             result = _reference_vjp(self.reference, args, kwargs, positions, grads)
@@ -278,8 +287,8 @@ class Kernel:
 
 
 def kernel(name: str, *, reference: Callable | None = None, backward: Callable | None = None,
-           platforms: Sequence[str] = DEFAULT_PLATFORMS, tune: dict[str, Sequence] | None = None
-           ) -> Callable[[Callable], Kernel]:
+           platforms: Sequence[str] = DEFAULT_PLATFORMS, tune: dict[str, Sequence] | None = None,
+           supports: Callable[..., bool] | None = None) -> Callable[[Callable], Kernel]:
     """Register a JAX function or Pallas kernel as the custom op `name` ("ns::op").
 
     reference: a pure-JAX function with the same signature: the test oracle, the source of the
@@ -290,10 +299,13 @@ def kernel(name: str, *, reference: Callable | None = None, backward: Callable |
     platforms: where the kernel itself runs (Pallas: interpret mode on "cpu").
     tune: {parameter: candidate values}; the kernel receives one value per parameter as a keyword
         argument, chosen by the autotuner per shape (the first candidates by default).
+    supports: `supports(platform, *args, **kwargs) -> bool`, asked at trace time on a listed platform
+        (arguments are JAX arrays: shapes and dtypes); False runs the reference for that call.
     """
 
     def wrap(fn: Callable) -> Kernel:
-        return Kernel(name, fn, reference=reference, backward=backward, platforms=platforms, tune=tune)
+        return Kernel(name, fn, reference=reference, backward=backward, platforms=platforms, tune=tune,
+                      supports=supports)
 
     return wrap
 

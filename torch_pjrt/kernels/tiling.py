@@ -34,3 +34,13 @@ def pad_rows(a, block: int, axis: int = 0, value=0):
 def accumulator(dtype):
     """The type statistics are computed in: float32 for half types, else the input's own."""
     return jnp.promote_types(dtype, jnp.float32)
+
+
+def power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def triton_friendly(platform_name: str, *sizes: int) -> bool:
+    """Whether dimensions a kernel takes whole suit the platform: Pallas on GPUs (Triton)
+    wants power-of-two block shapes of at least 16; elsewhere anything goes."""
+    return platform_name != "gpu" or all(power_of_two(n) and n >= 16 for n in sizes)
