@@ -12,6 +12,8 @@ from tests.distributed.common import case, check_equal, failures, init, pjrt
 def _inputs(shape, dtype, salt: int = 0) -> torch.Tensor:
     """Rank-dependent values, exact in every dtype used here."""
     g = torch.Generator().manual_seed(1000 * dist.get_rank() + salt)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
     if dtype.is_floating_point:
         return torch.randint(-8, 9, shape, generator=g).to(dtype) / 4
     return torch.randint(1, 9, shape, generator=g).to(dtype)
@@ -59,7 +61,7 @@ def collectives(backend: str = "pjrt") -> dict:
     path = "xla" if pg.mesh is not None else "host"
 
     # all_reduce: every ReduceOp, several dtypes, a view, a 0-d tensor
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.bool):
         for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
             compare(f"all_reduce {op} {dtype}", lambda t, g, op=op: dist.all_reduce(t, op, group=g),
                     _inputs((5, 3), dtype), gloo=gloo)

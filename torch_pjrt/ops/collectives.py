@@ -25,6 +25,10 @@ from .registry import lowering
 
 c10d = torch.ops._c10d_functional
 
+# torch 2.13 renamed these (the old names warn); torch 2.11 and 2.12 have only the old ones
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _REDUCE_OPS = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT",
                "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
 
@@ -58,13 +62,13 @@ def _all_reduce(t, op, group_name):
 
 def _all_gather(t, group_size, group_name):
     out = t.new_empty((group_size * t.shape[0],) + tuple(t.shape[1:]))
-    dist.all_gather_into_tensor(out, t.contiguous(), group=_group(group_name))
+    _all_gather_single(out, t.contiguous(), group=_group(group_name))
     return out
 
 
 def _reduce_scatter(t, op, group_size, group_name):
     out = t.new_empty((t.shape[0] // group_size,) + tuple(t.shape[1:]))
-    dist.reduce_scatter_tensor(out, t.contiguous(), _reduce_op(op), group=_group(group_name))
+    _reduce_scatter_single(out, t.contiguous(), _reduce_op(op), group=_group(group_name))
     return out
 
 

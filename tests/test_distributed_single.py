@@ -1,0 +1,70 @@
+"""The pjrt process group inside the test process (world size 1, two local devices):
+argument errors, the device rule, compiled functional collectives. Multi-process
+behaviour is in test_distributed.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+
+import torch_pjrt
+
+
+@pytest.fixture
+def group():
+    dist.init_process_group("pjrt", rank=0, world_size=1, store=dist.HashStore())
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_backend_is_registered_for_pjrt_and_cpu():
+    assert "pjrt" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map["pjrt"] == "pjrt"
+    assert dist.Backend.backend_capability["pjrt"] == ["cpu", "pjrt"]
+
+
+def test_world_of_one_runs_xla_programs(group):
+    assert group.mesh is not None and group.device_index == 0
+    t = torch.arange(6.0, device="pjrt").view(2, 3)
+    work = dist.all_reduce(t, dist.ReduceOp.MAX, async_op=True)
+    assert work.wait() and work.is_completed() and work.is_success()
+    assert torch.equal(work.get_future().wait()[0].cpu(), torch.arange(6.0).view(2, 3))
+    out = torch.zeros(2, 3, device="pjrt")
+    dist.all_gather_into_tensor(out, t)
+    assert torch.equal(out.cpu(), t.cpu())
+
+
+def test_cpu_tensors_go_to_the_groups_gloo(group):
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(3))
+
+
+def test_unsupported_reduce_op_names_it(group):
+    t = torch.ones(2, device="pjrt")
+    with pytest.raises(NotImplementedError, match="all_reduce does not support ReduceOp.PREMUL_SUM"):
+        dist.all_reduce(t, dist._make_nccl_premul_sum(2.0))
+
+
+def test_tensor_on_another_device_names_both(group):
+    t = torch.ones(2, device="pjrt:1")
+    with pytest.raises(RuntimeError, match=r"tensor is on pjrt:1, but this rank's device is pjrt:0"):
+        dist.all_reduce(t)
+
+
+def test_wrong_output_size_names_op(group):
+    with pytest.raises(ValueError, match="all_gather_into_tensor.*output has 3 elements, expected 1 x 2"):
+        dist.all_gather_into_tensor(torch.zeros(3, device="pjrt"), torch.ones(2, device="pjrt"))
+
+
+def test_compiled_functional_collectives_are_one_graph(group):
+    def f(x):
+        y = fc.all_reduce(x * 2, "sum", group)
+        return fc.reduce_scatter_tensor(fc.all_gather_tensor(y + 1, 0, group), "avg", 0, group)
+
+    x = torch.arange(4.0, device="pjrt")
+    before = torch_pjrt.compile_stats()["graphs"]
+    out = torch.compile(f, backend="pjrt", fullgraph=True)(x)
+    assert torch.equal(out.cpu(), torch.arange(4.0) * 2 + 1)
+    assert torch_pjrt.compile_stats()["graphs"] == before + 1
