@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
+
+from distributed_torchrun import torchrun_json
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 24]  # bytes of float32
 CONFIGS = {  # name: (tensor device, extra environment)
@@ -50,13 +50,7 @@ def worker(device: str, reps: int) -> None:
 
 
 def run(nproc: int, reps: int, device: str, env: dict) -> dict[int, float]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               __file__, "--worker", device, "--reps", str(reps)]
-    full_env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", OMP_NUM_THREADS="1", **env)
-    out = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{command} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = torchrun_json(__file__, nproc, ["--worker", device, "--reps", str(reps)], env)
     return {r["bytes"]: r["seconds"] for r in rows}
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
+
+from distributed_torchrun import torchrun_json
 
 CONFIGS = {  # name: (device, extra environment)
     "pjrt, XLA path": ("pjrt", {}),
@@ -55,13 +55,7 @@ def worker(device: str, steps: int) -> None:
 
 
 def run(nproc: int, steps: int, device: str, env: dict) -> float:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               __file__, "--worker", device, "--steps", str(steps)]
-    full_env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", OMP_NUM_THREADS="1", **env)
-    out = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=1200)
-    if out.returncode != 0:
-        raise RuntimeError(f"{command} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return next(json.loads(line) for line in out.stdout.splitlines() if line.startswith("{"))["seconds"]
+    return torchrun_json(__file__, nproc, ["--worker", device, "--steps", str(steps)], env)[0]["seconds"]
 
 
 def main() -> None:
