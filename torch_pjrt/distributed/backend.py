@@ -29,7 +29,7 @@ BACKEND = "pjrt"
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 _OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier"]
+        "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "barrier"]
 
 
 def _path_setting() -> str:
@@ -42,17 +42,13 @@ def _path_setting() -> str:
 
 def local_device_index() -> int:
     """pjrt:LOCAL_RANK where this process sees several devices, else pjrt:0."""
-    count = platform_device_count()
+    count = len(platform.devices())
     if count == 1:
         return 0
     local_rank = int(os.environ.get("LOCAL_RANK", torch.pjrt.current_device()))
     if local_rank >= count:
         raise RuntimeError(f"pjrt: LOCAL_RANK={local_rank} but this process sees only {count} pjrt devices")
     return local_rank
-
-
-def platform_device_count() -> int:
-    return len(platform.devices())
 
 
 def _reduce_op(op, what: str) -> str:
@@ -69,10 +65,17 @@ def _is_pjrt(x) -> bool:
     return all(_is_pjrt(e) for e in x) and len(x) > 0
 
 
+_ON_PJRT = 100  # added to a fingerprint's dtype index for a pjrt tensor
+
+
 def _describe(code: list) -> str:
-    dtype = _DTYPES[code[1]] if 0 <= code[1] < len(_DTYPES) else "?"
-    shape = "x".join(str(d) for d in code[3:3 + min(code[2], 4)]) + ("x..." if code[2] > 4 else "")
-    return f"{_OPS[code[0]]}({str(dtype).replace('torch.', '')}[{shape}])"
+    """A fingerprint (see ProcessGroupPjrt._check) as the call it stands for: all_reduce(float32[4, 3])."""
+    if code[1] < 0:
+        return f"{_OPS[code[0]]}()"
+    on_pjrt, index = divmod(code[1], _ON_PJRT)
+    dtype = str(_DTYPES[index]).replace("torch.", "") if index < len(_DTYPES) else "?"
+    shape = ", ".join(str(d) for d in code[3:3 + min(code[2], 4)]) + (", ..." if code[2] > 4 else "")
+    return f"{_OPS[code[0]]}({dtype}[{shape}]{'' if on_pjrt else ' on cpu'})"
 
 
 class ProcessGroupPjrt(dist.ProcessGroup):
@@ -140,7 +143,9 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         code = [_OPS.index(op), -1, 0, 0, 0, 0, 0]
         if tensor is not None:
             shape = list(tensor.shape)
-            code[1:3] = [_DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES), len(shape)]
+            dtype = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+            # the device too: a pjrt tensor on one rank and a CPU tensor on another would take different paths
+            code[1:3] = [dtype + _ON_PJRT * (tensor.device.type == "pjrt"), len(shape)]
             code[3:7] = (shape + [0] * 4)[:4]
             code.append(hash(tuple(shape)) & (2 ** 62 - 1))
         else:
