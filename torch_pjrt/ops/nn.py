@@ -344,6 +344,8 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     x = _up(input)
     acc = x.dtype
     nd = input.ndim
+    params = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    stat_dtype = params[0].dtype if params else input.dtype
     new_rm = new_rv = None
     if training:
         mean = jnp.mean(x, axis=axes)
@@ -355,16 +357,18 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         if running_var is not None:
             unbiased = var * (n / max(n - 1, 1))
             new_rv = ((1 - momentum) * _up(running_var) + momentum * unbiased).astype(running_var.dtype)
-        save_mean, save_invstd = mean, invstd
+        # CPU stores the batch statistics in the parameters' dtype (float32 parameters with a
+        # half input: mixed type), else the input's, and normalizes with the stored values
+        save_mean, save_invstd = mean.astype(stat_dtype), invstd.astype(stat_dtype)
+        mean, invstd = _up(save_mean), _up(save_invstd)
     else:
         mean = _up(running_mean)
         invstd = lax.rsqrt(_up(running_var) + eps)
-        save_mean = save_invstd = jnp.zeros((0,), acc)
-    out = (x - _bcast_channel(mean.astype(acc), nd)) * _bcast_channel(invstd.astype(acc), nd)
-    if weight is not None:
-        out = out * _bcast_channel(_up(weight), nd)
-    if bias is not None:
-        out = out + _bcast_channel(_up(bias), nd)
+        save_mean = save_invstd = jnp.zeros((0,), stat_dtype)
+    # as CPU's kernel: input * alpha + beta per channel
+    alpha = invstd.astype(acc) * _up(weight) if weight is not None else invstd.astype(acc)
+    beta = -mean.astype(acc) * alpha if bias is None else _up(bias) - mean.astype(acc) * alpha
+    out = x * _bcast_channel(alpha, nd) + _bcast_channel(beta, nd)
     return out.astype(input.dtype), save_mean, save_invstd, new_rm, new_rv
 
 
@@ -401,9 +405,22 @@ def batch_norm_running_stats(input, weight, bias, running_mean, running_var, tra
     return new_rm, new_rv
 
 
-# Not registered: _native_batch_norm_legit.default, whose running stats are (a!) arguments;
-# the table's contract for written arguments is "return self's new value", which does not
-# fit, and _native_batch_norm_legit_functional is its functional form.
+@lowering(aten._native_batch_norm_legit.default)
+def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Writes running_mean and running_var (returned first, per registry.py) when training."""
+    out, save_mean, save_invstd, new_rm, new_rv = _batch_norm(
+        input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return (running_mean if new_rm is None else new_rm), (running_var if new_rv is None else new_rv), out, \
+        save_mean, save_invstd
+
+
+@lowering(aten._batch_norm_with_update.default)
+def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    """Training batch norm writing running_mean and running_var; the 4th output is CPU's empty reserve."""
+    return _native_batch_norm_legit(input, weight, bias, running_mean, running_var, True, momentum, eps) + (
+        jnp.zeros((0,), jnp.uint8),)
+
+
 RUNNING_STATS_UPDATE = {aten.native_batch_norm.default: batch_norm_running_stats}
 
 

@@ -50,10 +50,17 @@ def isnan(x):
 
 
 def accumulate_dtype(x, dtype):
-    """The dtype a sum/prod/cumsum accumulates in: `dtype` if given, int64 for ints and bools."""
+    """The result dtype of a sum/prod/cumsum: `dtype` if given, int64 for ints and bools."""
     if dtype is not None:
         return to_jax(dtype)
     return np.dtype(INT64) if is_integral(x.dtype) else np.dtype(x.dtype)
+
+
+def accumulate(fn, x, dtype, **kwargs):
+    """fn(x, **kwargs) in the dtype torch's CPU kernels accumulate in (float32 for float16 and
+    bfloat16 results, rounded once at the end), cast to the result dtype."""
+    out = accumulate_dtype(x, dtype)
+    return fn(x.astype(jnp.float32 if is_low_precision(out) else out), **kwargs).astype(out)
 
 
 def numel_over(x, axes) -> int:
@@ -79,12 +86,12 @@ def require_float(name, x):
 # --------------------------------------------------------------------------- sum / mean / prod
 @lowering(aten.sum.default)
 def sum(self, *, dtype=None):  # noqa: A001 (named after the op)
-    return jnp.sum(self, dtype=accumulate_dtype(self, dtype))
+    return accumulate(jnp.sum, self, dtype)
 
 
 @lowering(aten.sum.dim_IntList)
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
-    return jnp.sum(self, axis=wrap_dims(dim, self.ndim), keepdims=keepdim, dtype=accumulate_dtype(self, dtype))
+    return accumulate(jnp.sum, self, dtype, axis=wrap_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @lowering(aten.nansum.default)
@@ -104,13 +111,13 @@ def _mean_input(name, self, dtype):
 @lowering(aten.mean.default)
 def mean(self, *, dtype=None):
     x = _mean_input("mean", self, dtype)
-    return jnp.mean(x).astype(x.dtype)
+    return accumulate(jnp.mean, x, None)
 
 
 @lowering(aten.mean.dim)
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
     x = _mean_input("mean", self, dtype)
-    return jnp.mean(x, axis=wrap_dims(dim, x.ndim), keepdims=keepdim).astype(x.dtype)
+    return accumulate(jnp.mean, x, None, axis=wrap_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @lowering(aten.nanmean.default)
@@ -123,13 +130,13 @@ def nanmean(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowering(aten.prod.default)
 def prod(self, *, dtype=None):
-    return jnp.prod(self, dtype=accumulate_dtype(self, dtype))
+    return accumulate(jnp.prod, self, dtype)
 
 
 @lowering(aten.prod.dim_int)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
     axes = wrap_dims([dim], self.ndim)
-    return jnp.prod(self, axis=axes, keepdims=keepdim, dtype=accumulate_dtype(self, dtype))
+    return accumulate(jnp.prod, self, dtype, axis=axes, keepdims=keepdim)
 
 
 # --------------------------------------------------------------------------- var / std
@@ -423,14 +430,12 @@ def _scan(fn, x, dim):
 
 @lowering(aten.cumsum.default)
 def cumsum(self, dim, *, dtype=None):
-    x = self.astype(accumulate_dtype(self, dtype))
-    return _scan(lambda a, d: jnp.cumsum(a, axis=d, dtype=a.dtype), x, dim)
+    return accumulate(lambda x: _scan(lambda a, d: jnp.cumsum(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 
 
 @lowering(aten.cumprod.default)
 def cumprod(self, dim, *, dtype=None):
-    x = self.astype(accumulate_dtype(self, dtype))
-    return _scan(lambda a, d: jnp.cumprod(a, axis=d, dtype=a.dtype), x, dim)
+    return accumulate(lambda x: _scan(lambda a, d: jnp.cumprod(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 
 
 @lowering(aten.logcumsumexp.default)
