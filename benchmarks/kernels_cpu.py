@@ -8,7 +8,8 @@ Each workload is timed forward + backward (one training use), median of --runs a
              TPU speed and is expected to lose)
   reference  the kernel's pure-JAX reference with jax.vjp, jitted: what the CPU should run
   lowering   the same computation written in torch ops on pjrt tensors, compiled with
-             torch.compile(backend="pjrt") (the op table's lowerings in one executable)
+             torch.compile(backend="pjrt") (the op table's lowerings in one executable;
+             SDPA forced onto its math path, grouped matmul as one matmul per expert)
   torch cpu  torch's own CPU kernels, eager (a peer, not a target)
 Ratios are against `lowering`; below 1 is faster. Peers run in one process, in turn.
 """
@@ -117,7 +118,8 @@ def jax_step(kernel, args, use_reference: bool, device):
 
 
 def torch_step(fn, args, device: str, compiled: bool):
-    """Forward + backward of a torch function, on pjrt compiled by the pjrt backend or eager elsewhere."""
+    """Forward + backward of a torch function, on pjrt compiled by the pjrt backend or eager elsewhere.
+    On pjrt, SDPA is kept on the op table's math path (the flash kernel is what `kernel` measures)."""
     tensors = [a.to(device).requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
     leaves = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
 
@@ -129,9 +131,15 @@ def torch_step(fn, args, device: str, compiled: bool):
     def step():
         for t in leaves:
             t.grad = None
-        run(*tensors).backward()
         if device.startswith("pjrt"):
+            os.environ["TORCH_PJRT_FLASH_SDPA"] = "0"  # read when SDPA picks its backend (at trace time here)
+            try:
+                run(*tensors).backward()
+            finally:
+                os.environ.pop("TORCH_PJRT_FLASH_SDPA")
             torch.pjrt.synchronize()
+        else:
+            run(*tensors).backward()
     return step
 
 

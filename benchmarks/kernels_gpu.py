@@ -12,8 +12,10 @@ Peers, each forward + backward, median of --runs:
                defaults to on for GPUs; the tuning runs during warmup)
   reference    the pure-JAX reference with jax.vjp, jitted (XLA's own fusion)
   lowering     the torch computation on pjrt, torch.compile(backend="pjrt")
-  torch cuda   torch eager on CUDA tensors (F.rms_norm, SDPA flash, F.cross_entropy,
+  torch cuda   torch eager on CUDA tensors (F.rms_norm, SDPA (flash), F.cross_entropy,
                torch._grouped_mm), and the same under torch.compile (inductor)
+  (lowering keeps SDPA on the math path and runs grouped matmul as one matmul per expert;
+  kernel_cpu.py's torch_step does that)
 Workload shapes are benchmarks/kernels_cpu.py's "full" set, in bfloat16.
 """
 from __future__ import annotations
@@ -34,6 +36,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import kernels_cpu as common  # noqa: E402  (workloads, timing, the JAX and torch steps)
 
 
+def _torch_grouped_mm(a, b, offs):
+    return torch._grouped_mm(a, b, offs)
+
+
 def _cuda_sync_step(step):
     def run():
         step()
@@ -52,10 +58,11 @@ def measure(size: str, runs: int) -> list[dict]:
         row["kernel_s"] = common.median_time(common.jax_step(kernel, args, False, device), runs, warmup=3)
         row["reference_s"] = common.median_time(common.jax_step(kernel, args, True, device), runs)
         row["lowering_s"] = common.median_time(common.torch_step(fn, args, "pjrt", compiled=True), runs)
-        row["torch_cuda_s"] = common.median_time(_cuda_sync_step(common.torch_step(fn, args, "cuda", compiled=False)),
-                                                 runs)
+        cuda_fn = _torch_grouped_mm if name.startswith("grouped_mm") else fn  # torch's own grouped GEMM on CUDA
+        row["torch_cuda_s"] = common.median_time(
+            _cuda_sync_step(common.torch_step(cuda_fn, args, "cuda", compiled=False)), runs)
         try:
-            inductor = common.torch_step(torch.compile(fn), args, "cuda", compiled=False)
+            inductor = common.torch_step(torch.compile(cuda_fn), args, "cuda", compiled=False)
             row["inductor_s"] = common.median_time(_cuda_sync_step(inductor), runs)
         except Exception as e:  # noqa: BLE001  (inductor may not handle every op, e.g. _grouped_mm on older torch)
             row["inductor_s"] = float("nan")

@@ -205,3 +205,25 @@ def test_compiled_sdpa_inlines_flash_attention(tmp_path):
     torch.testing.assert_close(loss.detach().cpu(), want.detach(), atol=1e-5, rtol=1e-5)
     for p, c in ((pq, cq), (pk, ck), (pv, cv)):
         torch.testing.assert_close(p.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(1, 8), (257, 96), (3, 100, 128), (1000, 512)])
+def test_rms_norm_sweep(shape):
+    kernels.check(kernels.rms_norm, [(randn(*shape), randn(shape[-1]), 1e-5)], opcheck=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows,vocab", [(1, 2), (31, 129), (300, 5000), (64, 16384)])
+def test_softmax_cross_entropy_sweep(rows, vocab):
+    t = torch.randint(0, vocab, (rows,))
+    t[0] = -100
+    kernels.check(softmax_cross_entropy_kernel, [(randn(rows, vocab), t, -100)], opcheck=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offs", [[0, 0, 300], [1, 2, 3, 200], [64, 128, 192, 256], [17, 100, 250]])
+def test_grouped_mm_sweep(offs):
+    m = 300 if offs[-1] <= 300 else offs[-1]
+    kernels.check(kernels.grouped_mm, [(randn(m, 32), randn(len(offs), 32, 48), torch.tensor(offs, dtype=torch.int32))],
+                  opcheck=False, atol=1e-4, rtol=1e-4)
