@@ -42,3 +42,12 @@ def test_mismatched_shapes_raise_on_every_rank():
         error = r.value["error"]
         assert error is not None and "all_reduce" in error, r.value
         assert "rank 0: all_reduce(float32[4])" in error and "rank 1: all_reduce(float32[5])" in error, error
+
+
+def test_exit_after_a_stuck_collective_does_not_hang():
+    """Rank 0's collective is still blocked in XLA when it exits normally (through atexit
+    handlers and thread joins): the exit must finish, bounded by JAX's shutdown timeout."""
+    env = XLA_UNCHECKED | {"PJRT_TEST_NORMAL_EXIT": "1", "TORCH_PJRT_SHUTDOWN_S": "5", "PJRT_TEST_STUCK_S": "70"}
+    results = launch("failure", 2, timeout=100, env=env, args=["stuck"])
+    assert results[0].value["error"] is not None
+    assert results[0].exited_after < 50, results[0].output[-2000:]  # long before its stuck peer (70 s) lets go

@@ -22,7 +22,7 @@ def failure(mode: str) -> dict:
     if rank == 1 and mode == "killed":
         os._exit(3)
     if rank == 1 and mode == "stuck":
-        time.sleep(4 * TIMEOUT_S)
+        time.sleep(float(os.environ.get("PJRT_TEST_STUCK_S", 4 * TIMEOUT_S)))
         return {"peer_failed": True}
     if mode == "mismatch":
         t = torch.ones(4 + rank, device=pjrt())

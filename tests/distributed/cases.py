@@ -37,4 +37,6 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     sys.stdout.flush()
+    if os.environ.get("PJRT_TEST_NORMAL_EXIT") == "1":
+        sys.exit(0 if not failures else 1)  # through the interpreter's exit handlers (JAX's shutdown, threads)
     os._exit(0 if not failures else 1)  # skip interpreter teardown: nothing left to wait for

@@ -24,6 +24,7 @@ class Result:
     returncode: int
     output: str
     value: dict | None  # what the case returned (JSON), None if it did not finish
+    exited_after: float | None  # seconds from launch to exit, None if it was killed
 
 
 def free_port_pair() -> int:
@@ -59,15 +60,14 @@ def launch(case: str, nprocs: int, timeout: float = 120.0, env: dict | None = No
         procs.append((subprocess.Popen(
             [sys.executable, "-m", "tests.distributed.cases", case, str(outdir / f"out{rank}.json"), *(args or [])],
             env=worker_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
-    deadline = time.monotonic() + timeout
-    timed_out = False
-    for p, _ in procs:
-        remaining = deadline - time.monotonic()
-        try:
-            p.wait(timeout=max(remaining, 0.1))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            break
+    start = time.monotonic()
+    exited: dict[int, float] = {}  # rank -> seconds after launch when it exited
+    while len(exited) < nprocs and time.monotonic() - start < timeout:
+        for rank, (p, _) in enumerate(procs):
+            if rank not in exited and p.poll() is not None:
+                exited[rank] = time.monotonic() - start
+        time.sleep(0.05)
+    timed_out = len(exited) < nprocs
     if timed_out:
         for p, _ in procs:
             if p.poll() is None:
@@ -79,7 +79,7 @@ def launch(case: str, nprocs: int, timeout: float = 120.0, env: dict | None = No
         log.close()
         out = outdir / f"out{rank}.json"
         value = json.loads(out.read_text()) if out.exists() else None
-        results.append(Result(rank, p.returncode, (outdir / f"log{rank}").read_text(), value))
+        results.append(Result(rank, p.returncode, (outdir / f"log{rank}").read_text(), value, exited.get(rank)))
     if timed_out:
         raise TimeoutError(f"case {case!r} with {nprocs} processes ran past {timeout:.0f} s; killed.\n"
                            + "\n".join(f"--- rank {r.rank} (rc {r.returncode}):\n{r.output[-3000:]}" for r in results))

@@ -11,21 +11,42 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import queue
+import threading
 from typing import Callable
 
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
-_dispatcher = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pjrt-collectives")
-
-
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message names the op, the group and its ranks."""
 
 
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_thread: threading.Thread | None = None
+
+
 def dispatch(compute: Callable[[], object]) -> concurrent.futures.Future:
-    """Run `compute` (an XLA collective, blocked on until done) on the dispatcher thread."""
-    return _dispatcher.submit(compute)
+    """Run `compute` (an XLA collective, blocked on until done) on the dispatcher thread.
+
+    A daemon thread rather than a ThreadPoolExecutor: the interpreter joins an executor's
+    threads at exit, and a collective whose peer died would then block the exit for good."""
+    global _thread
+    if _thread is None:
+        _thread = threading.Thread(target=_serve, name="pjrt-collectives", daemon=True)
+        _thread.start()
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    _queue.put((compute, future))
+    return future
+
+
+def _serve() -> None:
+    while True:
+        compute, future = _queue.get()
+        try:
+            future.set_result(compute())
+        except BaseException as e:  # noqa: BLE001  (delivered to whoever waits)
+            future.set_exception(e)
 
 
 class PjrtWork(Work):
