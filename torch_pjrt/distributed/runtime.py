@@ -12,6 +12,8 @@ Environment (all optional):
   TORCH_PJRT_COORDINATOR=host:port the coordinator's address (default MASTER_ADDR:MASTER_PORT+1)
   TORCH_PJRT_HEARTBEAT_S=N         seconds before JAX declares a silent process dead (default 100)
   TORCH_PJRT_SHUTDOWN_S=N          seconds a finished process waits for the others at exit (default 30)
+  TORCH_PJRT_INIT_TIMEOUT_S=N      seconds to wait for every process to join (default 300)
+  TORCH_PJRT_LOCAL_DEVICE_IDS=0,1  the accelerator devices this process uses ("all"; default: LOCAL_RANK)
 """
 from __future__ import annotations
 
@@ -44,9 +46,7 @@ def initialize_from_environment() -> None:
     _state["initialized"] = True
     env = os.environ
     cpu = env.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" or env.get("JAX_PLATFORMS", "") == "cpu"
-    # On accelerators one device per process, as torchrun launches it: the process then
-    # neither initialises nor preallocates its neighbours' devices. Virtual CPU devices cost nothing.
-    local_ids = None if cpu or "LOCAL_RANK" not in env else [int(env["LOCAL_RANK"])]
+    local_ids = None if cpu else _local_device_ids()
     if cpu:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
@@ -57,6 +57,20 @@ def initialize_from_environment() -> None:
             shutdown_timeout_seconds=int(env.get("TORCH_PJRT_SHUTDOWN_S", "30")))
     except Exception as e:  # noqa: BLE001  (remembered; see is_active)
         _state["error"] = f"{type(e).__name__}: {e}"
+
+
+def _local_device_ids() -> list[int] | None:
+    """On accelerators one device per process, as torchrun launches it (pjrt:0 is then
+    device LOCAL_RANK): the process neither initialises nor preallocates its neighbours'
+    devices. None (all visible devices) where the launcher already made one visible."""
+    env = os.environ
+    explicit = env.get("TORCH_PJRT_LOCAL_DEVICE_IDS")
+    if explicit:
+        return None if explicit == "all" else [int(i) for i in explicit.split(",")]
+    for visible in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        if env.get(visible, "").count(",") == 0 and env.get(visible, "") != "":
+            return None
+    return [int(env["LOCAL_RANK"])] if "LOCAL_RANK" in env else None
 
 
 def is_active() -> bool:
