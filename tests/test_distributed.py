@@ -31,7 +31,12 @@ def test_torchrun_launch(tmp_path):
     assert job.returncode == 0, output[-4000:]
     for rank in range(2):
         value = json.loads((tmp_path / f"out{rank}.json").read_text())
-        assert value == {"path": "xla", "jax_processes": 2, "failures": []}
+        assert value == {"path": "xla", "jax_processes": 2, "device": 0, "failures": []}
+
+
+def test_local_rank_picks_the_device_when_a_process_sees_several():
+    values = expect_success(launch("smoke", 2, timeout=120, env={"TORCH_PJRT_CPU_DEVICES": "2"}))
+    assert [v["device"] for v in values] == [0, 1] and all(v["path"] == "xla" for v in values)
 
 
 @pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: also in subgroups, DCP

@@ -1,6 +1,8 @@
 """Every torch.distributed collective on pjrt tensors against the same call on CPU tensors over gloo."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
@@ -45,11 +47,14 @@ def smoke() -> dict:
     init()
     import jax
 
-    t = torch.full((3,), float(dist.get_rank() + 1), device=pjrt())
+    # the usual torchrun idiom: this process's device is pjrt:LOCAL_RANK when it sees several
+    local = int(os.environ["LOCAL_RANK"]) if torch.pjrt.device_count() > 1 else 0
+    t = torch.full((3,), float(dist.get_rank() + 1), device=torch.device("pjrt", local))
     dist.all_reduce(t)
     n = dist.get_world_size()
     check_equal("all_reduce", t, torch.full((3,), n * (n + 1) / 2))
-    return {"path": "xla" if dist.group.WORLD.mesh is not None else "host", "jax_processes": jax.process_count()}
+    return {"path": "xla" if dist.group.WORLD.mesh is not None else "host", "jax_processes": jax.process_count(),
+            "device": dist.group.WORLD.device_index}
 
 
 @case
