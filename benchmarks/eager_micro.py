@@ -44,11 +44,17 @@ def main() -> None:
     ja, jb = storage.read(a), storage.read(b)
     jadd = jax.jit(lambda x, y: x + y)
     jadd_t = jax.jit(lambda x, y: x.T + y)
+    jmul = jax.jit(lambda x: x * 2.5)
+    c_cpu, c = a_cpu.clone(), a.clone()
     rows = [
         ("16x16 add", per_call_us(lambda: a_cpu + b_cpu), per_call_us(lambda: a + b),
          per_call_us(lambda: jadd(ja, jb))),
         ("16x16 add through a.t()", per_call_us(lambda: a_cpu.t() + b_cpu), per_call_us(lambda: a.t() + b),
          per_call_us(lambda: jadd_t(ja, jb))),
+        ("16x16 mul by a Python number", per_call_us(lambda: a_cpu * 2.5), per_call_us(lambda: a * 2.5),
+         per_call_us(lambda: jmul(ja))),
+        ("16x16 in-place add_", per_call_us(lambda: c_cpu.add_(b_cpu)), per_call_us(lambda: c.add_(b)),
+         per_call_us(lambda: jadd(ja, jb))),
         ("torch.empty(16, 16)", per_call_us(lambda: torch.empty(16, 16)),
          per_call_us(lambda: torch.empty(16, 16, device="pjrt")), None),
         ("copy 16x16 to CPU", per_call_us(lambda: a_cpu.clone()), per_call_us(lambda: a.cpu(), 1000),

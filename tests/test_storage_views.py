@@ -265,3 +265,31 @@ def test_lazy_conjugate_and_negative_bits_are_applied():
     (x_cpu * x_cpu.conj()).real.sum().backward()
     (x_dev * x_dev.conj()).real.sum().backward()
     torch.testing.assert_close(x_dev.grad.cpu(), x_cpu.grad)
+
+
+@pytest.mark.parametrize("write", [
+    lambda v, d: v.add_(1j),
+    lambda v, d: v.mul_(2),
+    lambda v, d: v.copy_(torch.tensor([5 + 5j, 6 - 6j], device=d)),
+    lambda v, d: v.__setitem__(0, 7j),
+])
+def test_writes_through_conj_views_reach_the_base(write):
+    cpu = torch.tensor([1 + 2j, 3 - 1j])
+    dev = cpu.to(DEV)
+    write(cpu.conj(), "cpu")
+    write(dev.conj(), DEV)
+    same(dev, cpu)
+
+
+def test_writes_through_negative_views_and_copies_of_conj_sources():
+    cpu, dev = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], device=DEV)
+    cpu._neg_view().add_(1)
+    dev._neg_view().add_(1)
+    same(dev, cpu)
+    source = torch.tensor([1 + 2j, 3 - 1j])
+    target = torch.zeros(2, dtype=torch.complex64, device=DEV)
+    target.copy_(source.conj())
+    same(target, source.conj().resolve_conj())
+    host = torch.zeros(2, dtype=torch.complex64)
+    host.conj().copy_(source.to(DEV))
+    same(host.to(DEV), source.conj().resolve_conj())

@@ -41,6 +41,7 @@ def _setup() -> None:
     from . import eager, fallback, ops, transfer, view_kernels  # noqa: F401  (ops: registers the lowerings)
 
     eager.register(transfer.kernels() | view_kernels.kernels())
+    transfer.keep_math_bits()
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")

@@ -10,6 +10,8 @@ Ops the table lacks go to `fallback.py` (decomposition, else a loud CPU fallback
 """
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 
 import jax
@@ -165,8 +167,35 @@ class Kernel:
             return storage.wrap(result, device)
         return _wrap(result, device)
 
+    def fast_kinds(self) -> list[int] | None:
+        """Per argument, how the C++ kernel (runtime.cpp, FastKernel) passes it to the
+        executable; None when this op needs the Python kernel for every call (tensor
+        lists, randomness, bounds checks, a device argument, non-tensor returns)."""
+        if (self.list_args or self.scalar_list_args or self.random or self.check is not None or self.host_indices
+                or self.device_arg is not None):
+            return None
+        if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):
+            return None
+        kinds = []
+        for i, (arg, kind) in enumerate(zip(self.op._schema.arguments, self.sig.kinds)):
+            if kind == TENSOR:
+                kinds.append(_FAST_TENSOR)
+            elif i in self.scalar_args:
+                kinds.append(_FAST_SCALAR)
+            else:
+                fast = _FAST_STATIC.get(str(arg.real_type).removeprefix("Optional[").removesuffix("]"))
+                if fast is None:
+                    return None
+                kinds.append(fast)
+        return kinds
+
 
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
+# FastKernel's argument kinds (runtime.cpp, ArgKind), by schema type for static arguments.
+_FAST_TENSOR, _FAST_SCALAR = 0, 1
+_FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
+                "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,
+                "MemoryFormat": 5}
 
 
 def _check_castable(op, result_dtype, out: torch.Tensor):
@@ -325,6 +354,8 @@ _NOT_EAGER = {aten.copy.default}
 
 _REGISTERED: dict = {}
 _library = None
+# TORCH_PJRT_EAGER_FAST_PATH=0 registers only the Python kernels (to compare, or to debug).
+FAST_PATH_DISABLED = os.environ.get("TORCH_PJRT_EAGER_FAST_PATH", "1") == "0"
 
 
 def register(special: dict) -> None:
@@ -347,8 +378,19 @@ def register(special: dict) -> None:
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
+    _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY)
     for op, kernel in kernels.items():
-        _library.impl(_name(op), kernel, "PrivateUse1")
+        if isinstance(kernel, Kernel):
+            kinds, store = kernel.fast_kinds(), None
+        elif isinstance(kernel, InplaceKernel) and not kernel.self_is_list:
+            kinds, store = kernel.functional.fast_kinds(), functools.partial(_store, op, resize=False)
+        else:
+            kinds = None
+        if kinds is not None and not FAST_PATH_DISABLED:
+            run = kernel.run if store is None else kernel.functional.run
+            _rt.register_fast_kernel(_name(op), run, kernel, store, kinds)
+        else:
+            _library.impl(_name(op), kernel, "PrivateUse1")
     _REGISTERED.update(kernels)
 
 

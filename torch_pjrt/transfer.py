@@ -95,6 +95,20 @@ def kernels() -> dict:
     }
 
 
+def keep_math_bits() -> None:
+    """Let pjrt copies see torch's lazy conjugate/negative bits instead of resolved clones.
+
+    `_copy_from`'s schema does not mark `dst` as written, so torch's Conjugate and
+    Negative fallbacks would hand our kernel a resolved clone of a conj()/neg view and the
+    copy, and every in-place op through such a view, would be lost. storage.read and
+    storage.write apply the bits themselves, so these keys can pass the call through."""
+    global _math_bits_library
+    _math_bits_library = torch.library.Library("aten", "IMPL")
+    for key in ("Conjugate", "Negative"):
+        for op in ("_copy_from", "_copy_from_and_resize"):
+            _math_bits_library.impl(op, torch.library.fallthrough_kernel, key)
+
+
 def refuse_dlpack(original):
     """DLPack hands out raw device pointers; pjrt data pointers are handles, so refuse clearly."""
 

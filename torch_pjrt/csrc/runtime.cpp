@@ -11,7 +11,12 @@
 //    resize_, set_): no data moves, so they never touch Python.
 // Everything that computes lives in Python (storage.py, the op table).
 #include <torch/extension.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
 #include <torch/version.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -33,8 +38,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -534,12 +541,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // ---------------------------------------------------------------------------
 // The buffer if `t` is exactly its storage's buffer (same shape, dtype, offset 0,
 // contiguous, no lazy conj/neg bit), else None: the zero-cost read of the eager hot path.
+static bool is_whole_buffer(const at::Tensor& t, const Holder* h) {
+  return h && h->buffer && t.storage_offset() == 0 && t.scalar_type() == h->dtype &&
+         t.sizes() == c10::IntArrayRef(h->shape) && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
+
 py::object whole_buffer(const at::Tensor& t) {
   Holder* h = holder_of(t.storage());
-  if (!h || !h->buffer || t.storage_offset() != 0 || t.scalar_type() != h->dtype ||
-      t.sizes() != c10::IntArrayRef(h->shape) || !t.is_contiguous() || t.is_conj() || t.is_neg()) {
-    return py::none();
-  }
+  if (!is_whole_buffer(t, h)) return py::none();
   return py::reinterpret_borrow<py::object>(h->buffer);
 }
 
@@ -584,10 +593,241 @@ void set_dtype_map(py::dict jax_to_torch) {
 }
 
 // wrap() for a JAX array, reading its shape and dtype here: the eager hot path.
+static c10::ScalarType torch_dtype(const py::object& array) {
+  return py::reinterpret_borrow<py::dict>(g_torch_dtypes)[array.attr("dtype")].cast<c10::ScalarType>();
+}
+
 at::Tensor wrap_array(py::object array, c10::DeviceIndex device) {
   auto shape = array.attr("shape").cast<std::vector<int64_t>>();
-  auto dtype = py::reinterpret_borrow<py::dict>(g_torch_dtypes)[array.attr("dtype")].cast<c10::ScalarType>();
+  auto dtype = torch_dtype(array);
   return wrap(std::move(array), std::move(shape), dtype, device);
+}
+
+// ---------------------------------------------------------------------------
+// Eager fast path: the PrivateUse1 kernel of a table op, in C++
+// ---------------------------------------------------------------------------
+// Crossing from the dispatcher into a Python kernel converts every argument and
+// costs about as much as the XLA call itself. For the common call (tensor operands
+// that are pjrt tensors on one device, Python numbers, plain static arguments) this
+// kernel builds the op's executable arguments and wraps its results here; every other
+// call goes to the op's Python kernel (eager.Kernel), which owns the full semantics.
+enum ArgKind : int { kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5 };
+
+struct EagerHelpers {
+  PyObject* weak_scalar = nullptr;   // eager._weak_scalar: a Python number as a cached weakly typed JAX scalar
+  PyObject* read_lazily = nullptr;   // storage.read_lazily: a view's operand
+  PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
+  PyObject* array_type = nullptr;    // jax's concrete array class
+};
+static EagerHelpers g_eager;
+
+// Weak scalars by (kind, bits): converting a Python number costs a host-to-device copy.
+static std::unordered_map<uint64_t, PyObject*> g_weak_scalars[3];  // int, double, bool
+
+static PyObject* weak_scalar(const c10::Scalar& s) {
+  int kind;
+  uint64_t bits;
+  py::object value;
+  if (s.isBoolean()) {
+    kind = 2, bits = s.toBool(), value = py::bool_(s.toBool());
+  } else if (s.isIntegral(false)) {
+    int64_t v = s.toLong();
+    kind = 0, bits = uint64_t(v), value = py::int_(v);
+  } else if (s.isFloatingPoint()) {
+    double v = s.toDouble();
+    std::memcpy(&bits, &v, sizeof(v));
+    kind = 1, value = py::float_(v);
+  } else {
+    return nullptr;  // complex and symbolic: the Python kernel
+  }
+  auto& cache = g_weak_scalars[kind];
+  auto it = cache.find(bits);
+  if (it != cache.end()) return it->second;
+  PyObject* array = PyObject_CallOneArg(g_eager.weak_scalar, value.ptr());
+  if (!array) throw python_error();
+  if (cache.size() > 4096) {
+    for (auto& [_, v] : cache) Py_DECREF(v);
+    cache.clear();
+  }
+  cache.emplace(bits, array);
+  return array;
+}
+
+// A static argument as the Python value the executable keys on (lists become tuples).
+static py::object static_value(const c10::IValue& v, int kind) {
+  if (v.isNone()) return py::none();
+  switch (kind) {
+    case kDtype:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::ScalarType(v.toInt()))));
+    case kLayout:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(c10::Layout(v.toInt()))));
+    case kMemoryFormat:
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(c10::MemoryFormat(v.toInt())));
+  }
+  py::object o = torch::jit::toPyObject(v);
+  if (PyList_Check(o.ptr())) return py::reinterpret_steal<py::object>(PyList_AsTuple(o.ptr()));
+  return o;
+}
+
+class FastKernel : public c10::OperatorKernel {
+ public:
+  // `store` is None for a functional op; for an in-place op (self first), the Python
+  // function that writes a result into self when it is not simply self's new buffer.
+  FastKernel(py::object run, py::object slow, py::object store, std::vector<int> kinds)
+      : run_(run.release().ptr()), slow_(slow.release().ptr()),
+        store_(store.is_none() ? nullptr : store.release().ptr()), kinds_(std::move(kinds)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = kinds_.size();
+    py::gil_scoped_acquire gil;
+    py::object result;
+    int device = -1;
+    {
+      auto args = torch::jit::last(*stack, n);
+      py::tuple values(n);
+      bool fast = true;
+      for (size_t i = 0; i < n && fast; i++) {
+        py::object value = operand(args[i], kinds_[i], device, fast);
+        if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
+      }
+      if (!fast || device < 0) return slow(op, stack, n);
+      PyObject* out = PyObject_Call(run_, values.ptr(), nullptr);
+      if (!out) throw python_error();
+      result = py::reinterpret_steal<py::object>(out);
+    }
+    if (store_) {
+      at::Tensor self = (*stack)[stack->size() - n].toTensor();
+      torch::jit::drop(*stack, n);
+      store(self, result);
+      torch::jit::push(*stack, std::move(self));
+      return;
+    }
+    torch::jit::drop(*stack, n);
+    push_results(op, stack, result, c10::DeviceIndex(device));
+  }
+
+ private:
+  // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
+  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast) {
+    if (kind == kScalar) {
+      if (v.isNone()) return py::none();
+      PyObject* s = v.isScalar() ? weak_scalar(v.toScalar()) : nullptr;
+      if (!s) fast = false;
+      return py::reinterpret_borrow<py::object>(s ? s : Py_None);
+    }
+    if (kind != kTensor) return static_value(v, kind);
+    if (v.isNone()) return py::none();
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return py::none();
+    if (t.device().type() == kPjrt) {
+      int index = t.device().index();
+      if (device >= 0 && device != index) {
+        fast = false;  // the Python kernel raises the device-mismatch error
+        return py::none();
+      }
+      device = index;
+      Holder* h = holder_of(t.storage());
+      if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
+      PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());
+      if (!view) throw python_error();
+      return py::reinterpret_steal<py::object>(view);
+    }
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number: promotes as a Scalar
+      PyObject* s = weak_scalar(t.item());
+      if (s) return py::reinterpret_borrow<py::object>(s);
+    }
+    fast = false;  // CPU tensors: the Python kernel allows scalars and raises for the rest
+    return py::none();
+  }
+
+  at::Tensor wrap_result(const c10::OperatorHandle& op, PyObject* array, c10::DeviceIndex device) {
+    if (array == Py_None) return at::Tensor();  // an output the op leaves undefined
+    TORCH_CHECK(Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_eager.array_type), "pjrt: the lowering of ",
+                op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name, " instead of a jax array");
+    PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
+    if (!ok) throw python_error();
+    Py_DECREF(ok);
+    return wrap_array(py::reinterpret_borrow<py::object>(array), device);
+  }
+
+  // self's storage takes the result as its buffer when it is exactly self's new value.
+  void store(const at::Tensor& self, const py::object& result) {
+    Holder* h = holder_of(self.storage());
+    if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type) && is_whole_buffer(self, h) &&
+        self.storage().nbytes() == size_t(self.numel()) * self.element_size() &&
+        result.attr("shape").cast<std::vector<int64_t>>() == h->shape &&
+        torch_dtype(result) == h->dtype) {
+      PyObject* ok = PyObject_CallOneArg(g_eager.record, result.ptr());
+      if (!ok) throw python_error();
+      Py_DECREF(ok);
+      PyObject* old = h->buffer;
+      h->buffer = py::object(result).release().ptr();
+      Py_DECREF(old);
+      return;
+    }
+    PyObject* out = PyObject_CallFunctionObjArgs(store_, py::cast(self).ptr(), result.ptr(), nullptr);
+    if (!out) throw python_error();
+    Py_DECREF(out);
+  }
+
+  void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
+                    c10::DeviceIndex device) {
+    if (op.schema().returns().size() == 1) {
+      torch::jit::push(*stack, wrap_result(op, result.ptr(), device));
+      return;
+    }
+    for (auto item : result) torch::jit::push(*stack, wrap_result(op, item.ptr(), device));
+  }
+
+  // The Python kernel with the arguments as Python objects (all positional: it binds by schema order).
+  void slow(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n) {
+    auto args = torch::jit::last(*stack, n);
+    py::tuple values(n);
+    for (size_t i = 0; i < n; i++) {
+      py::object value = (kinds_[i] == kTensor || kinds_[i] == kScalar) ? torch::jit::toPyObject(args[i])
+                                                                          : static_value(args[i], kinds_[i]);
+      PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
+    }
+    torch::jit::drop(*stack, n);
+    PyObject* out = PyObject_Call(slow_, values.ptr(), nullptr);
+    if (!out) throw python_error();
+    py::object result = py::reinterpret_steal<py::object>(out);
+    if (op.schema().returns().size() == 1) {
+      torch::jit::push(*stack, unpack(op, result.ptr()));
+      return;
+    }
+    for (auto item : result) torch::jit::push(*stack, unpack(op, item.ptr()));
+  }
+
+  static at::Tensor unpack(const c10::OperatorHandle& op, PyObject* obj) {
+    if (obj == Py_None) return at::Tensor();
+    TORCH_CHECK(THPVariable_Check(obj), "pjrt: the kernel of ", op.schema().operator_name(), " returned a ",
+                Py_TYPE(obj)->tp_name, " instead of a tensor");
+    return THPVariable_Unpack(obj);
+  }
+
+  PyObject* run_;   // the op's executable (never freed: kernels live as long as the process)
+  PyObject* slow_;  // the op's Python kernel
+  PyObject* store_;  // in-place ops: storage write of a result into self
+  std::vector<int> kinds_;
+};
+
+static std::vector<std::unique_ptr<torch::Library>> g_fast_libraries;
+
+void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type) {
+  g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
+             array_type.release().ptr()};
+}
+
+// Register the C++ kernel of aten::`name` (e.g. "add.Tensor") on PrivateUse1.
+void register_fast_kernel(const std::string& name, py::object run, py::object slow, py::object store,
+                          std::vector<int> kinds) {
+  if (g_fast_libraries.empty()) {
+    g_fast_libraries.push_back(
+        std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+  }
+  g_fast_libraries.back()->impl(
+      name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
 }
 
 int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
@@ -644,6 +884,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wrap_array", &tp::wrap_array);
   m.def("set_dtype_map", &tp::set_dtype_map);
   m.def("storage_nbytes", &tp::storage_nbytes);
+  m.def("set_eager_helpers", &tp::set_eager_helpers);
+  m.def("register_fast_kernel", &tp::register_fast_kernel);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });
   m.def("next_seed", &tp::next_seed);
