@@ -294,3 +294,12 @@ def test_supports_predicate_routes_unsuitable_shapes_to_the_reference():
     assert TRACED == [("kernel", 4)]  # 5 rows: the reference ran
     assert kernels.rms_norm.supports("gpu", jax.ShapeDtypeStruct((3, 48), "float32"), None) is False
     assert kernels.rms_norm.supports("gpu", jax.ShapeDtypeStruct((3, 64), "float32"), None) is True
+
+
+def test_kernel_runs_on_the_inputs_device():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    out = scaled_mul(x.to("pjrt:1"), y.to("pjrt:1"), 2.0)
+    assert out.device == torch.device("pjrt:1")
+    torch.testing.assert_close(out.cpu(), x * y * 2.0)
+    with pytest.raises(RuntimeError, match=r"pjrt:1 and pjrt:0"):
+        scaled_mul(x.to("pjrt:1"), y.to("pjrt:0"), 2.0)
