@@ -116,6 +116,10 @@ def test_digamma_poles_and_polygamma():
         check(aten.polygamma.default, n, pos, rtol=1e-7, atol=1e-9)
         check(aten.polygamma.default, n, pos.float(), rtol=1e-4, atol=1e-5)
     check(aten.polygamma.default, 1, torch.arange(1, 6))  # int input -> float
+    neg = torch.tensor([-0.5, -2.5, -7.3, -20.1, -1.0, -2.0, 0.0, 0.7, 12.5, nan, -inf], dtype=torch.float64)
+    for n in (1, 2, 3, 4):  # negative arguments and poles (n=1: CPU's huge finite values there)
+        check(aten.polygamma.default, n, neg, rtol=1e-7, atol=1e-9)
+        check(aten.polygamma.default, n, neg.float(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("decimals", (0, 1, 2, 3, -1, -2))

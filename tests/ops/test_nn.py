@@ -396,6 +396,8 @@ def test_native_dropout_backward():
     mask = r(4, 5, seed=1) > 0
     check(aten.native_dropout_backward.default, g, mask, 2.0, **TOL)
     check(aten.native_dropout_backward.default, g.to(torch.bfloat16), mask, 1.25)
+    for dtype in (torch.int64, torch.bool, torch.uint8):  # integer gradients give float32, as on CPU
+        check(aten.native_dropout_backward.default, g.to(dtype), mask, 2.0)
 
 
 # ------------------------------------------------------------- more loss functions

@@ -91,6 +91,15 @@ def test_reflect_replicate_pad(kind, nd):
     check(fwd, make((2, 3) + (4,) * nd, torch.float32), pad)
 
 
+@pytest.mark.parametrize("pad", [[-4, 5], [2, -4], [-2, -1], [5, -4]])
+def test_replication_pad_negative_widths(pad):
+    """Negative widths crop, and a side cropped away still replicates the nearest element."""
+    x = make((2, 3, 4), torch.float64)
+    check(aten.replication_pad1d.default, x, pad)
+    out = aten.replication_pad1d(x, pad)
+    check(aten.replication_pad1d_backward.default, make(out.shape, torch.float64, 1), x, pad)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.complex64, torch.bfloat16])
 @pytest.mark.parametrize("to", [torch.float64, torch.int32, torch.bool, torch.float16, torch.uint8])
 def test_to_copy(dtype, to):

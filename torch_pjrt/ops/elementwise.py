@@ -704,11 +704,41 @@ def round(self, *, decimals=0):
     return pointwise(math, self, name="round", allowed="f")
 
 
+def _trigamma(x):
+    """CPU's trigamma: the reflection pi^2/sin^2(pi x) below 1/2 (so its poles are CPU's huge
+    finite values, not inf), six recurrence steps, then the asymptotic series."""
+    reflect = x < 0.5
+    pi = jnp.asarray(_m.pi, x.dtype)
+    result = jnp.where(reflect, -(pi * pi) / jnp.square(jnp.sin(pi * x)), jnp.zeros((), x.dtype))
+    y = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (y * y)
+        y = y + 1
+    ixx = 1 / (y * y)
+    result = result + (1 + 1 / (2 * y) + ixx * (1 / 6 - ixx * (1 / 30 - ixx * (1 / 42)))) / y
+    return jnp.where(reflect, -result, result)
+
+
+def _polygamma_high(n, x):
+    """psi_n(x), n >= 2, for any real x: psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1) moves x
+    to 1 or above, where JAX's zeta series holds (CPU's zeta sums the same terms directly)."""
+    step = (-1) ** n * _m.factorial(n)
+
+    def body(state):
+        y, acc = state
+        low = (y < 1) & jnp.isfinite(y)
+        acc = acc + jnp.where(low, step / y ** (n + 1), jnp.zeros((), y.dtype))
+        return jnp.where(low, y + 1, y), acc
+
+    y, acc = lax.while_loop(lambda st: jnp.any((st[0] < 1) & jnp.isfinite(st[0])), body, (x, jnp.zeros_like(x)))
+    return jsp.polygamma(n, y) - acc
+
+
 @lowering(aten.polygamma.default)
 def polygamma(n, self):
     if n < 0:
         raise RuntimeError("polygamma(n, x) does not support negative n.")
-    math = _digamma if n == 0 else (lambda x: jsp.polygamma(n, x))
+    math = _digamma if n == 0 else _trigamma if n == 1 else (lambda x: _polygamma_high(n, x))
     return pointwise(math, self, kind=INT_TO_FLOAT, name="polygamma", allowed="buif")
 
 

@@ -788,7 +788,8 @@ def adaptive_max_pool3d_backward(grad_output, self, indices):
 
 @lowering(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output, mask, scale):
-    return (_up(grad_output) * mask.astype(_acc(grad_output.dtype)) * scale).astype(grad_output.dtype)
+    _, dtype = promote(grad_output, float(scale))  # integer and bool gradients give floats, as on CPU
+    return (grad_output.astype(_acc(dtype)) * mask.astype(_acc(dtype)) * scale).astype(dtype)
 
 
 # -------------------------------------------------------------- more loss functions

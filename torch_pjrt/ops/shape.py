@@ -180,7 +180,14 @@ def _pad_fn(mode, nd):
         if x.ndim not in (nd + 1, nd + 2):
             raise RuntimeError(f"Expected {nd + 1}D or {nd + 2}D (batch mode) tensor with possibly 0 batch size "
                                f"and other non-zero dimensions for input, but got: {list(x.shape)}")
-        return jnp.pad(x, _pad_widths(x.ndim, padding), mode=mode)
+        widths = _pad_widths(x.ndim, padding)
+        if mode == "reflect":
+            return jnp.pad(x, widths, mode=mode)
+        for d, (lo, hi) in enumerate(widths):  # replication: out[i] = x[clamp(i - lo)]; negative widths crop
+            if lo or hi:
+                source = jnp.clip(jnp.arange(x.shape[d] + lo + hi) - lo, 0, x.shape[d] - 1)
+                x = jnp.take(x, source, axis=d)
+        return x
 
     return pad
 

@@ -465,7 +465,9 @@ def _rebuildable(e) -> bool:
         return False
 
 
-TIE_OPS = {"sort": (0, 1), "argsort": (0, 0), "topk": (1, 1)}  # name: (dim's position in args, index output)
+# name: (dim's position in args, index output). kthvalue's index among equal k-th values is
+# implementation-defined too (torch's docs; CPU's quickselect picks any of them).
+TIE_OPS = {"sort": (0, 1), "argsort": (0, 0), "topk": (1, 1), "kthvalue": (1, 1)}
 
 
 def _unstable_indices(ctx, sample):
@@ -487,12 +489,17 @@ def _indices_as_values(ctx, sample, actual, expected, moved_input):
         return actual, expected
     dim, which = spec
 
+    def values_at(inp, index):
+        if index.dim() < inp.dim():  # a reduced dim (kthvalue without keepdim)
+            return inp.gather(dim, index.unsqueeze(dim)).squeeze(dim)
+        return inp.gather(dim, index)
+
     def swap(out, inp):
         if isinstance(out, (tuple, list)):
             items = list(out)
-            items[which] = inp.gather(dim, items[which])
+            items[which] = values_at(inp, items[which])
             return tuple(items)
-        return inp.gather(dim, out)
+        return values_at(inp, out)
     return swap(actual, moved_input), swap(expected, sample.input.detach())
 
 
