@@ -4,9 +4,10 @@
 subclassed from Python), so it serves every device of its group: pjrt tensors take the
 XLA path where one exists (xla.py) and the host-staged path otherwise (host.py); CPU
 tensors go straight to the gloo group it owns. Each collective first all-gathers a small
-fingerprint (op, dtype, shape) over gloo, so a rank that passes another shape or calls
-another op raises on every rank with a message naming both, rather than corrupting data
-or hanging (TORCH_PJRT_COLLECTIVE_CHECKS=0 turns that off).
+fingerprint of the call (op, dtype, device, shape): inside the XLA program on that path,
+over gloo on the host path. A rank that passes another shape or calls another op then
+makes every rank raise with a message naming the calls, where gloo would abort a process
+on the mismatched sizes (TORCH_PJRT_COLLECTIVE_CHECKS=0 turns the check off).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ _ON_PJRT = 100  # added to a fingerprint's dtype index for a pjrt tensor
 
 
 def _describe(code: list) -> str:
-    """A fingerprint (see ProcessGroupPjrt._check) as the call it stands for: all_reduce(float32[4, 3])."""
+    """A fingerprint (see ProcessGroupPjrt._fingerprint) as the call it stands for: all_reduce(float32[4, 3])."""
     if code[1] < 0:
         return f"{_OPS[code[0]]}()"
     on_pjrt, index = divmod(code[1], _ON_PJRT)
@@ -135,32 +136,43 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     def _xla_possible(self) -> bool:
         return _path_setting() == "auto" and (runtime.is_active() or self.size() == 1)
 
-    # ------------------------------------------------------------------ helpers
-    def _check(self, op: str, tensor: torch.Tensor | None) -> None:
-        """All-gather (op, dtype, shape) and raise on every rank if the ranks disagree."""
+    # ------------------------------------------------------------------ agreement checks
+    def _fingerprint(self, op: str, tensor: torch.Tensor | None) -> tuple | None:
+        """What every rank's call must share: (op, dtype and device, rank, first dims, shape hash);
+        None when checks are off or there is nobody to disagree with."""
         if not self.checks or self.size() == 1:
-            return
-        code = [_OPS.index(op), -1, 0, 0, 0, 0, 0]
+            return None
+        code = [_OPS.index(op), -1, 0, 0, 0, 0, 0, 0]
         if tensor is not None:
             shape = list(tensor.shape)
             dtype = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
             # the device too: a pjrt tensor on one rank and a CPU tensor on another would take different paths
             code[1:3] = [dtype + _ON_PJRT * (tensor.device.type == "pjrt"), len(shape)]
             code[3:7] = (shape + [0] * 4)[:4]
-            code.append(hash(tuple(shape)) & (2 ** 62 - 1))
-        else:
-            code.append(0)
-        mine = torch.tensor(code, dtype=torch.int64)
+            code[7] = hash(tuple(shape)) & (2 ** 62 - 1)
+        return tuple(code)
+
+    def _disagreement(self, op: str, mine: tuple, everyone: list) -> CollectiveError | None:
+        if all(tuple(c) == mine for c in everyone):
+            return None
+        calls = "; ".join(f"rank {self.global_ranks[r]}: {_describe(list(c))}" for r, c in enumerate(everyone))
+        return CollectiveError(f"pjrt: {self._what(op)}: the ranks' calls do not match: {calls}")
+
+    def _agree_on_host(self, op: str, fingerprint: tuple | None) -> None:
+        """All-gather the fingerprints over gloo (the host path's check) and raise on disagreement."""
+        if fingerprint is None:
+            return
+        mine = torch.tensor(fingerprint, dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.size())]
         try:
             self.host.allgather([everyone], [mine]).wait()
         except Exception as e:  # noqa: BLE001
             raise CollectiveError(f"pjrt: {self._what(op)} failed: a peer rank is unreachable: {e}") from None
-        codes = [e.tolist() for e in everyone]
-        if any(c != code for c in codes):
-            calls = "; ".join(f"rank {self.global_ranks[r]}: {_describe(c)}" for r, c in enumerate(codes))
-            raise CollectiveError(f"pjrt: {self._what(op)}: the ranks' calls do not match: {calls}")
+        error = self._disagreement(op, fingerprint, [e.tolist() for e in everyone])
+        if error is not None:
+            raise error
 
+    # ------------------------------------------------------------------ the two paths
     def _on_xla(self, op: str, *tensors: torch.Tensor) -> bool:
         """True when `tensors` are pjrt tensors this group can reduce through XLA."""
         if self.mesh is None or not all(_is_pjrt(t) for t in tensors):
@@ -171,18 +183,28 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                                    f"pjrt:{self.device_index} (pjrt:LOCAL_RANK where a process sees several devices)")
         return True
 
-    def _xla(self, label: str, name: str, x, finish, result: list, **params) -> PjrtWork:
+    def _xla(self, label: str, name: str, x, finish, result: list, fingerprint: tuple | None, **params) -> PjrtWork:
         """Collective `name` of xla.BODIES on this rank's value `x` (read now, on this thread);
-        `finish(output)` stores the output when the work is waited for."""
+        `finish(output)` stores the output when the work is waited for. The program checks
+        the ranks' fingerprints itself (xla.GroupMesh.run)."""
         mesh = self.mesh
-        future = dispatch(lambda: jax.block_until_ready(mesh.run(name, x, **params)))
-        return PjrtWork(self._what(label), result, future, finish, self.timeout)
+
+        def compute():
+            out, everyone = mesh.run(name, x, fingerprint, **params)
+            error = self._disagreement(label, fingerprint, everyone) if everyone is not None else None
+            if error is not None:
+                raise error
+            return jax.block_until_ready(out)
+
+        return PjrtWork(self._what(label), result, dispatch(compute), finish, self.timeout)
 
     def _xla_in_place(self, label: str, name: str, t: torch.Tensor, **params) -> PjrtWork:
-        return self._xla(label, name, storage.read(t), lambda out: storage.write(t, out), [t], **params)
+        return self._xla(label, name, storage.read(t), lambda out: storage.write(t, out), [t],
+                         self._fingerprint(label, t), **params)
 
-    def _staged(self, op: str, run, inputs, outputs, result=None, after=None) -> HostWork:
+    def _staged(self, op: str, run, inputs, outputs, fingerprint: tuple | None, result=None, after=None) -> HostWork:
         """Run gloo's `run(host_inputs, host_outputs)` on host mirrors; copy outputs back on wait."""
+        self._agree_on_host(op, fingerprint)
         host_in, host_out = to_host(inputs), to_host(outputs)
         try:
             gloo_work = run(host_in, host_out)
@@ -209,13 +231,13 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.AllreduceOptions()
         op = _reduce_op(opts.reduceOp, "all_reduce")
-        for t in tensors:
-            self._check("all_reduce", t)
         if self._on_xla("all_reduce", *tensors):
             works = [self._xla_in_place("all_reduce", "all_reduce", t, op=op) for t in tensors]
             return works[0] if len(works) == 1 else _joined(self._what("all_reduce"), works, tensors)
+        (t,) = tensors
         return self._staged("all_reduce", lambda i, o: self.host.allreduce(o, _gloo_reduce(dist.AllreduceOptions(), op)),
-                            tensors, tensors, after=self._average if op == "AVG" else None)
+                            tensors, tensors, self._fingerprint("all_reduce", t),
+                            after=self._average if op == "AVG" else None)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         options = dist.AllreduceOptions()
@@ -226,49 +248,49 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.BroadcastOptions()
         (t,) = tensors
-        self._check("broadcast", t)
         if self._on_xla("broadcast", t):
             return self._xla_in_place("broadcast", "broadcast", t, src=opts.rootRank)
         options = dist.BroadcastOptions()
         options.rootRank = opts.rootRank
-        return self._staged("broadcast", lambda i, o: self.host.broadcast(o, options), tensors, tensors)
+        return self._staged("broadcast", lambda i, o: self.host.broadcast(o, options), tensors, tensors,
+                            self._fingerprint("broadcast", t))
 
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.ReduceOptions()
         op = _reduce_op(opts.reduceOp, "reduce")
         (t,) = tensors
-        self._check("reduce", t)
+        root = self.rank() == opts.rootRank
         if self._on_xla("reduce", t):  # an all-reduce whose result only the root keeps
-            root = self.rank() == opts.rootRank
-            return self._xla("reduce", "all_reduce", storage.read(t),
-                             lambda out: storage.write(t, out) if root else None, tensors, op=op)
+            return self._xla("reduce", "all_reduce", storage.read(t), lambda out: storage.write(t, out) if root else None,
+                             tensors, self._fingerprint("reduce", t), op=op)
         options = _gloo_reduce(dist.ReduceOptions(), op)
         options.rootRank = opts.rootRank
-        root = self.rank() == opts.rootRank
-        return self._staged("reduce", lambda i, o: self.host.reduce(o, options), tensors,
-                            tensors, after=self._average if op == "AVG" and root else None)
+        return self._staged("reduce", lambda i, o: self.host.reduce(o, options), tensors, tensors,
+                            self._fingerprint("reduce", t), after=self._average if op == "AVG" and root else None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> PjrtWork:
-        self._check("all_gather_into_tensor", input)
-        _expect(output.numel() == input.numel() * self.size(), self._what("all_gather_into_tensor"),
+        op = "all_gather_into_tensor"
+        _expect(output.numel() == input.numel() * self.size(), self._what(op),
                 f"output has {output.numel()} elements, expected {self.size()} x {input.numel()}")
-        if self._on_xla("all_gather_into_tensor", output, input):
-            return self._xla("all_gather_into_tensor", "all_gather", storage.read(input).reshape(-1),
-                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output])
-        return self._staged("all_gather_into_tensor", lambda i, o: self.host._allgather_base(o, i), input, output)
+        if self._on_xla(op, output, input):
+            return self._xla(op, "all_gather", storage.read(input).reshape(-1),
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output],
+                             self._fingerprint(op, input))
+        return self._staged(op, lambda i, o: self.host._allgather_base(o, i), input, output, self._fingerprint(op, input))
 
     _allgather_base = all_gather_single  # its name before torch 2.13
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None) -> PjrtWork:
         (outputs,), (t,) = output_lists, inputs
-        self._check("all_gather", t)
         if self._on_xla("all_gather", t, *outputs) and all(o.shape == t.shape for o in outputs):
             def finish(out):
                 for o, part in zip(outputs, out.reshape((len(outputs),) + tuple(t.shape))):
                     storage.write(o, part)
 
-            return self._xla("all_gather", "all_gather", storage.read(t).reshape(-1), finish, output_lists)
-        return self._staged("all_gather", lambda i, o: self.host.allgather(o, i), inputs, output_lists)
+            return self._xla("all_gather", "all_gather", storage.read(t).reshape(-1), finish, output_lists,
+                             self._fingerprint("all_gather", t))
+        return self._staged("all_gather", lambda i, o: self.host.allgather(o, i), inputs, output_lists,
+                            self._fingerprint("all_gather", t))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
         return _joined(self._what("all_gather_into_tensor"),
@@ -278,16 +300,17 @@ class ProcessGroupPjrt(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> PjrtWork:
         opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
-        self._check("reduce_scatter_tensor", input)
-        _expect(input.numel() == output.numel() * self.size(), self._what("reduce_scatter_tensor"),
+        name = "reduce_scatter_tensor"
+        op = _reduce_op(opts.reduceOp, name)
+        _expect(input.numel() == output.numel() * self.size(), self._what(name),
                 f"input has {input.numel()} elements, expected {self.size()} x {output.numel()}")
-        if self._on_xla("reduce_scatter_tensor", output, input):
-            return self._xla("reduce_scatter_tensor", "reduce_scatter", storage.read(input).reshape(-1),
-                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output], op=op)
+        if self._on_xla(name, output, input):
+            return self._xla(name, "reduce_scatter", storage.read(input).reshape(-1),
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output],
+                             self._fingerprint(name, input), op=op)
         options = _gloo_reduce(dist.ReduceScatterOptions(), op)
-        return self._staged("reduce_scatter_tensor", lambda i, o: self.host._reduce_scatter_base(o, i, options),
-                            input, output, after=self._average if op == "AVG" else None)
+        return self._staged(name, lambda i, o: self.host._reduce_scatter_base(o, i, options), input, output,
+                            self._fingerprint(name, input), after=self._average if op == "AVG" else None)
 
     _reduce_scatter_base = reduce_scatter_single  # its name before torch 2.13
 
@@ -301,25 +324,26 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         opts = opts or dist.ReduceScatterOptions()
         op = _reduce_op(opts.reduceOp, "reduce_scatter")
         (out,), (ins,) = outputs, input_lists
-        self._check("reduce_scatter", out)
+        fingerprint = self._fingerprint("reduce_scatter", out)
         if self._on_xla("reduce_scatter", out, *ins) and all(i.shape == out.shape for i in ins):
             stacked = jnp.concatenate([storage.read(i).reshape(-1) for i in ins])
             return self._xla("reduce_scatter", "reduce_scatter", stacked,
-                             lambda res: storage.write(out, res.reshape(tuple(out.shape))), outputs, op=op)
+                             lambda res: storage.write(out, res.reshape(tuple(out.shape))), outputs, fingerprint, op=op)
         options = _gloo_reduce(dist.ReduceScatterOptions(), op)
         return self._staged("reduce_scatter", lambda i, o: self.host.reduce_scatter(o, i, options), input_lists,
-                            outputs, after=self._average if op == "AVG" else None)
+                            outputs, fingerprint, after=self._average if op == "AVG" else None)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts=None) -> PjrtWork:
         even = not output_split_sizes and not input_split_sizes
-        self._check("all_to_all_single", input.flatten()[:0] if not even else input)
+        # with split sizes the ranks' shapes differ legitimately: only op, dtype and device must agree
+        fingerprint = self._fingerprint("all_to_all_single", input if even else input.flatten()[:0])
         if even and self._on_xla("all_to_all_single", output, input) and input.shape[0] % self.size() == 0:
             return self._xla("all_to_all_single", "all_to_all", storage.read(input),
-                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output])
+                             lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output], fingerprint)
         options = dist.AllToAllOptions()
         return self._staged("all_to_all_single", lambda i, o: self.host.alltoall_base(
-            o, i, list(output_split_sizes), list(input_split_sizes), options), input, output)
+            o, i, list(output_split_sizes), list(input_split_sizes), options), input, output, fingerprint)
 
     alltoall_base = all_to_all_single  # its name before torch 2.13
 
@@ -338,30 +362,30 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts=None) -> PjrtWork:
         options = dist.GatherOptions()
         options.rootRank = opts.rootRank
-        self._check("gather", inputs[0])
-        return self._staged("gather", lambda i, o: self.host.gather(o, i, options), inputs, output_lists)
+        return self._staged("gather", lambda i, o: self.host.gather(o, i, options), inputs, output_lists,
+                            self._fingerprint("gather", inputs[0]))
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts=None) -> PjrtWork:
         options = dist.ScatterOptions()
         options.rootRank = opts.rootRank
-        self._check("scatter", outputs[0])
-        return self._staged("scatter", lambda i, o: self.host.scatter(o, i, options), input_lists, outputs)
+        return self._staged("scatter", lambda i, o: self.host.scatter(o, i, options), input_lists, outputs,
+                            self._fingerprint("scatter", outputs[0]))
 
     def barrier(self, opts=None) -> PjrtWork:
         # every op this rank queued on its device finishes first, as NCCL's barrier orders after the stream
         storage.synchronize(self.device_index)
-        self._check("barrier", None)
-        return self._staged("barrier", lambda i, o: self.host.barrier(dist.BarrierOptions()), [], [])
+        return self._staged("barrier", lambda i, o: self.host.barrier(dist.BarrierOptions()), [], [],
+                            self._fingerprint("barrier", None))
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> PjrtWork:
-        return self._staged(f"send to group rank {dst}", lambda i, o: self.host.send(i, dst, tag), tensors, [],
+        return self._staged(f"send to group rank {dst}", lambda i, o: self.host.send(i, dst, tag), tensors, [], None,
                             result=tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> PjrtWork:
-        return self._staged(f"recv from group rank {src}", lambda i, o: self.host.recv(o, src, tag), [], tensors)
+        return self._staged(f"recv from group rank {src}", lambda i, o: self.host.recv(o, src, tag), [], tensors, None)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PjrtWork:
-        return self._staged("recv from any rank", lambda i, o: self.host.recv_anysource(o, tag), [], tensors)
+        return self._staged("recv from any rank", lambda i, o: self.host.recv_anysource(o, tag), [], tensors, None)
 
     def abort(self) -> None:
         self.host.abort()

@@ -84,6 +84,9 @@ class PjrtWork(Work):
                 f"pjrt: {self.what} did not finish within {seconds:.0f} s; a peer rank may have died or not called "
                 f"the same collective")
             raise self._error from None
+        except CollectiveError as e:  # already names the op and ranks (the ranks' calls disagreed)
+            self._error = e
+            raise
         except Exception as e:  # noqa: BLE001  (XLA's error, e.g. gloo's "connection closed by peer")
             self._error = CollectiveError(f"pjrt: {self.what} failed: {e}")
             raise self._error from None

@@ -41,19 +41,46 @@ class GroupMesh:
     def local(g: jax.Array) -> jax.Array:
         return g.addressable_shards[0].data
 
-    def run(self, name: str, x: jax.Array, **params) -> jax.Array:
-        """Run collective `name` (a key of BODIES) on this rank's block `x`; returns this rank's result."""
+    def run(self, name: str, x: jax.Array, fingerprint: tuple | None = None, **params):
+        """Run collective `name` (a key of BODIES) on this rank's block `x`.
+
+        Returns (this rank's result, None), or with a `fingerprint` (a tuple of ints that
+        every rank's call must share) (result, every rank's fingerprint): the program first
+        all-gathers the fingerprints and runs the collective only if all are equal, so ranks
+        whose calls differ (another shape, another op) skip it together instead of
+        exchanging mismatched buffers; the caller compares and raises."""
         scalar = x.ndim == 0
         block = x.reshape(1) if scalar else x
-        key = (name, block.shape, block.dtype, tuple(sorted(params.items())))
+        key = (name, block.shape, block.dtype, fingerprint, tuple(sorted(params.items())))
         program = self._programs.get(key)
         if program is None:
             body = BODIES[name](self.size, **params)
-            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=PartitionSpec(AXIS),
-                                            out_specs=PartitionSpec(AXIS), check_vma=False))
+            specs = PartitionSpec(AXIS)
+            if fingerprint is not None:
+                body, specs = _agreed(body, np.array(fingerprint, dtype=np.int64)), (specs, specs)
+            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=PartitionSpec(AXIS), out_specs=specs,
+                                            check_vma=False))
             self._programs[key] = program
-        out = self.local(program(self.to_global(block)))
-        return out.reshape(()) if scalar else out
+        out = program(self.to_global(block))
+        everyone = None
+        if fingerprint is not None:
+            out, everyone = out
+            everyone = np.asarray(self.local(everyone))[0]
+        out = self.local(out)
+        return (out.reshape(()) if scalar else out), everyone
+
+
+def _agreed(body: Callable, fingerprint: np.ndarray) -> Callable:
+    """`body` run only when every rank passes the same fingerprint; also returns them all."""
+    def checked(x):
+        mine = jnp.asarray(fingerprint)
+        everyone = jax.lax.all_gather(mine, AXIS)  # (ranks, len(fingerprint)), the same on every rank
+        agree = jnp.all(everyone == mine[None])
+        skipped = jax.eval_shape(body, x)
+        out = jax.lax.cond(agree, body, lambda v: jnp.zeros(skipped.shape, skipped.dtype), x)
+        return out, everyone[None]
+
+    return checked
 
 
 # ---------------------------------------------------------------------------------
