@@ -54,6 +54,12 @@ def suits_flash(query, key, value, attn_mask, dropout_p: float) -> bool:
     return d == key.shape[-1] and d % 8 == 0 and dv % 8 == 0 and d <= MAX_HEAD_DIM and dv <= MAX_HEAD_DIM
 
 
+def _overrideable_enabled() -> bool:
+    """sdpa_kernel()'s switch for this backend (torch builds without it: always on)."""
+    flag = getattr(torch._C, "_get_overrideable_sdp_enabled", None)
+    return True if flag is None else bool(flag())
+
+
 def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
     """The backend for one SDPA call; `torch.nn.attention.sdpa_kernel` limits the choice as on CUDA
     (SDPBackend.OVERRIDEABLE is the flash kernel, SDPBackend.MATH the decomposition)."""
@@ -62,7 +68,7 @@ def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
         # compiler's shape bucketing (compiler/padding.py) knows how to pad
         return MATH if torch._C._get_math_sdp_enabled() else ERROR
     heads_ok = query.dim() < 3 or key.dim() < 3 or query.shape[-3] == key.shape[-3] or enable_gqa
-    if (heads_ok and torch._C._get_overrideable_sdp_enabled()
+    if (heads_ok and _overrideable_enabled()
             and suits_flash(query, key, value, attn_mask, dropout_p)):
         return OVERRIDEABLE
     # mismatched heads without enable_gqa: the math path raises torch's own error
