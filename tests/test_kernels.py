@@ -227,3 +227,13 @@ def test_grouped_mm_sweep(offs):
     m = 300 if offs[-1] <= 300 else offs[-1]
     kernels.check(kernels.grouped_mm, [(randn(m, 32), randn(len(offs), 32, 48), torch.tensor(offs, dtype=torch.int32))],
                   opcheck=False, atol=1e-4, rtol=1e-4)
+
+
+def test_dtype_errors_name_the_kernel_and_dtypes():
+    q = torch.randn(1, 2, 8, 16, device="pjrt")
+    with pytest.raises(ValueError, match="flash_attention: query, key and value must have one dtype, got float32, "
+                                         "bfloat16 and float32"):
+        kernels.flash_attention(q, q.bfloat16(), q)
+    a, b = torch.randn(8, 16, device="pjrt"), torch.randn(2, 16, 16, device="pjrt", dtype=torch.float64)
+    with pytest.raises(ValueError, match="grouped_mm: both operands must have one dtype, got float32 and float64"):
+        kernels.grouped_mm(a, b, torch.tensor([4, 8], dtype=torch.int32, device="pjrt"))

@@ -147,6 +147,9 @@ class _Layout:
     def __init__(self, q, k, v, block_q: int, block_k: int):
         self.B, self.Hq, self.L, self.D = q.shape
         self.Hkv, self.S, self.Dv = k.shape[1], k.shape[2], v.shape[-1]
+        if not (q.dtype == k.dtype == v.dtype):
+            raise ValueError(f"flash_attention: query, key and value must have one dtype, got {q.dtype}, {k.dtype} "
+                             f"and {v.dtype}")
         if self.Hq % self.Hkv:
             raise ValueError(f"flash_attention: query heads ({self.Hq}) must be a multiple of key/value heads ({self.Hkv})")
         self.rep = self.Hq // self.Hkv

@@ -30,7 +30,13 @@ def _group_of(index, offs):
     return jnp.searchsorted(offs, index, side="right")
 
 
+def _check_dtypes(a, b) -> None:
+    if a.dtype != b.dtype:
+        raise ValueError(f"grouped_mm: both operands must have one dtype, got {a.dtype} and {b.dtype}")
+
+
 def grouped_mm_reference(a, b, offs=None):
+    _check_dtypes(a, b)
     acc = accumulator(a.dtype)
     out_dtype = a.dtype
     a, b = a.astype(acc), b.astype(acc)
@@ -89,6 +95,7 @@ def _backward(a, b, offs=None, *, outputs, grad_outputs, block_m=64, block_n=128
 
 
 def _moe_forward(a, b, offs, *, block_m, block_n):
+    _check_dtypes(a, b)
     M, K = a.shape
     G, _, N = b.shape
     tm, tn = row_block(M, block_m, minimum=16), row_block(N, block_n, minimum=16)
