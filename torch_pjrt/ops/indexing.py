@@ -244,6 +244,8 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     dim = wrap_dim(dim, self.ndim)
     if index.size == 0:
         return self
+    if self.dtype == jnp.bool_ and reduce in ("sum", "prod"):  # bool + is or, bool * is and
+        reduce = "amax" if reduce == "sum" else "amin"
     targets = scatter_targets(self, dim, index).reshape(-1)
     updates = _trim_to(_as_1d(src), _as_1d(index).shape, -1).reshape(-1).astype(self.dtype)
     flat = self.reshape(-1)

@@ -360,7 +360,9 @@ def count_nonzero_dims(self, dim):
 def logsumexp(self, dim, keepdim=False):
     x = self.astype(default_float()) if is_integral(self.dtype) else self
     axes = wrap_dims(dim, x.ndim)
-    m = jnp.max(x, axis=axes, keepdims=True, initial=-jnp.inf)
+    # a complex input shifts by its largest real part, as CPU does: the log's imaginary part
+    # then stays in (-pi, pi]
+    m = jnp.max(x.real if jnp.iscomplexobj(x) else x, axis=axes, keepdims=True, initial=-jnp.inf)
     m = jnp.where(jnp.isinf(m), jnp.zeros((), m.dtype), m)  # all -inf or an inf: no shift
     out = jnp.log(jnp.sum(jnp.exp(x - m), axis=axes, keepdims=True)) + m
     return out if keepdim else jnp.squeeze(out, axes)
