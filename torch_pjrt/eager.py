@@ -324,7 +324,9 @@ def _composite_implicit(op) -> bool:
 def _variants(op):
     """The in-place and out= overloads derived from functional overload `op`: those whose
     other arguments have the same names and kinds (pow_.Scalar is not pow.Scalar's)."""
-    base = op._schema.name.split("::")[1]
+    namespace, base = op._schema.name.split("::")
+    if namespace != "aten":  # custom ops have no derived variants
+        return None, []
     sig = Signature.of(op)
     arguments = list(zip(sig.names, sig.kinds))
     inplace, outs = None, []
@@ -353,15 +355,13 @@ def _variants(op):
 _NOT_EAGER = {aten.copy.default}
 
 _REGISTERED: dict = {}
-_library = None
+_LIBRARIES: dict = {}  # namespace -> the torch.library IMPL library holding its Python kernels
 # TORCH_PJRT_EAGER_FAST_PATH=0 registers only the Python kernels (to compare, or to debug).
 FAST_PATH_DISABLED = os.environ.get("TORCH_PJRT_EAGER_FAST_PATH", "1") == "0"
 
 
 def register(special: dict) -> None:
     """Register table kernels, derived variants and `special` (overload -> kernel) on PrivateUse1."""
-    global _library
-    _library = torch.library.Library("aten", "IMPL")
     kernels: dict = {}
     for op, lowering in LOWERINGS.items():
         if _is_view(op) or _composite_implicit(op) or Signature.of(op).written or op in _NOT_EAGER:
@@ -380,18 +380,32 @@ def register(special: dict) -> None:
     kernels.update(special)
     _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY)
     for op, kernel in kernels.items():
-        if isinstance(kernel, Kernel):
-            kinds, store = kernel.fast_kinds(), None
-        elif isinstance(kernel, InplaceKernel) and not kernel.self_is_list:
-            kinds, store = kernel.functional.fast_kinds(), functools.partial(_store, op, resize=False)
-        else:
-            kinds = None
-        if kinds is not None and not FAST_PATH_DISABLED:
-            run = kernel.run if store is None else kernel.functional.run
-            _rt.register_fast_kernel(_name(op), run, kernel, store, kinds)
-        else:
-            _library.impl(_name(op), kernel, "PrivateUse1")
-    _REGISTERED.update(kernels)
+        _install(op, kernel)
+
+
+def register_lowering(op) -> None:
+    """The eager kernel of a lowering added to the table after setup (custom kernels,
+    collectives); its in-place and out= variants are not derived."""
+    lowering = LOWERINGS[op]
+    _install(op, MutatingKernel(lowering) if Signature.of(op).written else Kernel(lowering))
+
+
+def _install(op, kernel) -> None:
+    """Register `kernel` as op's PrivateUse1 kernel, through the C++ fast path where it applies."""
+    kinds = store = None
+    if isinstance(kernel, Kernel):
+        kinds = kernel.fast_kinds()
+    elif isinstance(kernel, InplaceKernel) and not kernel.self_is_list:
+        kinds, store = kernel.functional.fast_kinds(), functools.partial(_store, op, resize=False)
+    namespace = op._schema.name.split("::")[0]
+    if kinds is not None and not FAST_PATH_DISABLED:
+        run = kernel.run if store is None else kernel.functional.run
+        _rt.register_fast_kernel(namespace, _name(op), run, kernel, store, kinds)
+    else:
+        if namespace not in _LIBRARIES:
+            _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
+        _LIBRARIES[namespace].impl(_name(op), kernel, "PrivateUse1")
+    _REGISTERED[op] = kernel
 
 
 def registered_ops() -> list:

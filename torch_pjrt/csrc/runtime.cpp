@@ -812,22 +812,23 @@ class FastKernel : public c10::OperatorKernel {
   std::vector<int> kinds_;
 };
 
-static std::vector<std::unique_ptr<torch::Library>> g_fast_libraries;
+static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type) {
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
              array_type.release().ptr()};
 }
 
-// Register the C++ kernel of aten::`name` (e.g. "add.Tensor") on PrivateUse1.
-void register_fast_kernel(const std::string& name, py::object run, py::object slow, py::object store,
-                          std::vector<int> kinds) {
-  if (g_fast_libraries.empty()) {
-    g_fast_libraries.push_back(
-        std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__));
+// Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object slow,
+                          py::object store, std::vector<int> kinds) {
+  auto& library = g_fast_libraries[ns];
+  if (!library) {
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
+                                               __LINE__);
   }
-  g_fast_libraries.back()->impl(
-      name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
+  library->impl(name.c_str(),
+                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
 }
 
 int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
