@@ -33,8 +33,11 @@ _REDUCE_OPS = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product"
                "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
 
 
-def _group(group_name: str):
-    return torch._C._distributed_c10d._resolve_process_group(group_name)
+def _group(group):
+    """The process group a graph names: by name (str), or the group itself (newer graphs pass it)."""
+    if isinstance(group, str):
+        return torch._C._distributed_c10d._resolve_process_group(group)
+    return group
 
 
 def _reduce_op(name: str):
