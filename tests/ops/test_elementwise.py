@@ -612,3 +612,15 @@ def test_integer_activations_follow_torch():
     check(aten.threshold.default, x, 1.5, 0.5)
     check(aten.relu.default, x)
     check(aten.threshold_backward.default, x, x, 1)
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("op,kwargs", [(aten.mul.Tensor, {}), (aten.div.Tensor, {}), (aten.div.Tensor_mode, {"rounding_mode": "floor"}),
+                                       (aten.div.Tensor_mode, {"rounding_mode": "trunc"}), (aten.floor_divide.default, {})])
+def test_reduced_float_times_full_precision_scalar(op, kwargs, dtype):
+    """CPU's mul and div read a 0-d `other` at float precision for half types (x * 0.1f, not
+    x * half(0.1)); add and sub round it first. Either way every element must match."""
+    x = torch.randn(2000, generator=torch.Generator().manual_seed(0)).to(dtype) * 3
+    for other in (torch.tensor(0.1), torch.tensor(0.6931471805599453, dtype=torch.float64)):
+        check(op, x, other, atol=0, rtol=0, **kwargs)
+    check(aten.add.Tensor, x, torch.tensor(0.1), atol=0, rtol=0)

@@ -81,20 +81,28 @@ def dtypes(*operands, kind=DEFAULT):
     return common, compute, result
 
 
-def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=(), half=True):
+def pointwise(math, *operands, kind=DEFAULT, name=None, allowed=ALL, scalars=(), half=True, opmath_other=False):
     """Promote `operands` (None passes through), run `math(*operands, *scalars)` in the
     computation dtype, cast to the result dtype. `scalars` take no part in promotion
     (alpha, value, thresholds) and are cast to the computation dtype, like torch's opmath.
+    opmath_other: a 0-d last operand goes to the computation dtype without first rounding to
+    the common dtype (CPU's mul and div read a scalar `other` at full precision for float16
+    and bfloat16: x_half * 0.1 multiplies by 0.1f, not by half(0.1)).
     """
     common, compute, result = dtypes(*operands, kind=kind)
     if name is not None:
         check_dtype(name, common, allowed, half)
     xs = [None if x is None else _to_compute(x, common, compute) for x in operands]
+    if opmath_other and jnp.ndim(operands[-1]) == 0 and np.dtype(common) in _REDUCED_FLOATS:
+        xs[-1] = cast(operands[-1], compute)
     present = [i for i, x in enumerate(xs) if x is not None]
     for i, x in zip(present, jnp.broadcast_arrays(*(xs[i] for i in present))):  # lax ops need equal shapes
         xs[i] = x
     ss = [None if s is None else cast(s, compute) for s in scalars]
     return cast(math(*xs, *ss), result)
+
+
+_REDUCED_FLOATS = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
 
 
 def _to_compute(x, common, compute):
@@ -187,7 +195,7 @@ def rsub(self, other, alpha=1):
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
 def mul(self, other):
-    return pointwise(lambda a, b: a & b if a.dtype == np.bool_ else a * b, self, other)
+    return pointwise(lambda a, b: a & b if a.dtype == np.bool_ else a * b, self, other, opmath_other=True)
 
 
 def _div_trunc(a, b):
@@ -213,11 +221,11 @@ def _div_floor(a, b):
 @lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
     if rounding_mode is None:
-        return pointwise(lambda a, b: a / b, self, other, kind=INT_TO_FLOAT)
+        return pointwise(lambda a, b: a / b, self, other, kind=INT_TO_FLOAT, opmath_other=True)
     if rounding_mode == "trunc":
-        return pointwise(_div_trunc, self, other, name="div_trunc", allowed="uif")
+        return pointwise(_div_trunc, self, other, name="div_trunc", allowed="uif", opmath_other=True)
     if rounding_mode == "floor":
-        return pointwise(_div_floor, self, other, name="div_floor", allowed="uif")
+        return pointwise(_div_floor, self, other, name="div_floor", allowed="uif", opmath_other=True)
     raise ValueError(
         f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'"
     )
@@ -225,7 +233,7 @@ def div(self, other, *, rounding_mode=None):
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
 def floor_divide(self, other):
-    return pointwise(_div_floor, self, other, name="floor_divide", allowed="uif")
+    return pointwise(_div_floor, self, other, name="floor_divide", allowed="uif", opmath_other=True)
 
 
 def _remainder(a, b):
