@@ -23,6 +23,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -831,6 +833,29 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
                 torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
 }
 
+// ---------------------------------------------------------------------------
+// scaled_dot_product_attention's backend choice for pjrt tensors
+// ---------------------------------------------------------------------------
+// torch's SDPA asks `_fused_sdp_choice_stub` which backend serves the query's device, and
+// a PrivateUse1 backend can only register that stub from C++. It asks a Python callable
+// (torch_pjrt.kernels.sdpa.choose), so the rule lives beside the kernel it selects.
+static PyObject* g_sdp_choice = nullptr;
+
+int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  if (!g_sdp_choice) return static_cast<int64_t>(sdp::SDPBackend::math);
+  py::gil_scoped_acquire gil;
+  return py::reinterpret_borrow<py::function>(g_sdp_choice)(query, key, value, attn_mask, dropout_p, is_causal,
+                                                            scale, enable_gqa)
+      .cast<int64_t>();
+}
+
+void set_sdp_choice(py::function choose) {
+  Py_XDECREF(g_sdp_choice);
+  g_sdp_choice = choose.release().ptr();
+}
+
 int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
 
 // 64 random bits from a pjrt generator (the default one of `device` when None).
@@ -875,6 +900,10 @@ void reset_peak(int device) {
 
 }  // namespace torch_pjrt
 
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_pjrt::sdp_choice);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace tp = torch_pjrt;
   m.def("init", &tp::init);
@@ -887,6 +916,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("storage_nbytes", &tp::storage_nbytes);
   m.def("set_eager_helpers", &tp::set_eager_helpers);
   m.def("register_fast_kernel", &tp::register_fast_kernel);
+  m.def("set_sdp_choice", &tp::set_sdp_choice);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });
   m.def("next_seed", &tp::next_seed);

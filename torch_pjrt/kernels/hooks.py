@@ -2,15 +2,13 @@
 scaled_dot_product_attention -> flash attention (sdpa.py), torch._grouped_mm -> grouped matmul.
 
 The lowerings join the op table (so compiled graphs inline the kernels); their eager
-PrivateUse1 kernels are made by the same class the table's other ops use.
+PrivateUse1 kernels are made the way the table's other ops' are (eager.register_lowering).
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from ..ops.registry import LOWERINGS, lowering
+from ..ops.registry import lowering
 from . import platforms, sdpa
 
 aten = torch.ops.aten
@@ -34,21 +32,12 @@ def _jax_dtype(dtype):
 
 OPS = (aten._grouped_mm.default, aten._scaled_dot_product_fused_attention_overrideable.default,
        aten._scaled_dot_product_fused_attention_overrideable_backward.default)
-_library = None
 
 
 def install() -> None:
-    """Register the eager kernels of OPS and the SDPA backend choice (once per process)."""
-    global _library
-    if _library is not None:
-        return
-    from ..eager import Kernel
+    """Register the eager kernels of OPS and the SDPA backend choice (setup calls it once)."""
+    from ..eager import register_lowering
 
-    _library = torch.library.Library("aten", "IMPL")
     for op in OPS:
-        _library.impl(op._schema.name.split("::")[1], Kernel(LOWERINGS[op]), "PrivateUse1")  # default overloads
-    try:
-        sdpa.install()
-    except Exception as e:  # noqa: BLE001  (SDPA keeps working through the math path)
-        warnings.warn(f"torch-pjrt: the flash-attention SDPA backend is unavailable ({type(e).__name__}: {e}); "
-                      f"scaled_dot_product_attention on pjrt uses the math path")
+        register_lowering(op)
+    sdpa.install()

@@ -28,7 +28,7 @@ import torch
 from .. import storage
 from ..dtypes import to_jax, to_torch
 from ..ops.jitted import executable, prepare
-from ..ops.registry import LOWERINGS, Lowering
+from ..ops.registry import Lowering
 from ..ops.signature import TENSOR, TENSOR_LIST, Signature
 from . import autotune
 from . import platforms as targets
@@ -75,8 +75,7 @@ class Kernel:
         self.sig = Signature.of(self.op)
         self.tensor_positions = tuple(i for i, k in enumerate(self.sig.kinds) if k == TENSOR)
         self._lib = torch.library.Library(name.split("::")[0], "FRAGMENT")  # keeps our impls alive
-        self._pjrt_lowering = _register_lowering(self.op, self._lower)
-        _register_pjrt_kernel(self._lib, self.op, self._pjrt_lowering)
+        _register_lowering(self.op, self._lower)
         self._host_lowering = Lowering(self.op, self._lower_on_host, frozenset(), True, False, frozenset())
         self.custom_op.register_fake(self._fake)
         self.backward_op: torch._ops.OpOverload | None = None
@@ -206,8 +205,7 @@ class Kernel:
         self._lib.define(f"{name}_backward({arguments}{sep}Tensor[] outputs, Tensor[] grad_outputs) -> Tensor[]")
         op = getattr(getattr(torch.ops, ns), f"{name}_backward").default
         self.backward_op = op
-        bwd_lowering = _register_lowering(op, self._lower_backward)
-        _register_pjrt_kernel(self._lib, op, bwd_lowering)
+        _register_lowering(op, self._lower_backward)
         host = Lowering(op, self._lower_backward_on_host, frozenset(), True, False, frozenset())
         self._lib.impl(op._schema.name.split("::")[1], lambda *a, **k: _run_on_host(host, a, k), "CPU")
         torch.library.register_fake(op, self._fake_backward, lib=self._lib)
@@ -326,18 +324,14 @@ def _schema(fn: Callable, exclude: set) -> str:
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
-def _register_lowering(op, fn) -> Lowering:
+def _register_lowering(op, fn) -> None:
+    """Join the op table (compiled graphs inline it) and get the eager PrivateUse1 kernel
+    every table op gets."""
+    from ..eager import register_lowering
     from ..ops.registry import lowering
 
     lowering(op)(fn)
-    return LOWERINGS[op]
-
-
-def _register_pjrt_kernel(lib: torch.library.Library, op, lowering_: Lowering) -> None:
-    """The eager PrivateUse1 kernel, built by the same class as every table op's."""
-    from ..eager import Kernel as EagerKernel
-
-    lib.impl(op._schema.name.split("::")[1], EagerKernel(lowering_), "PrivateUse1")
+    register_lowering(op)
 
 
 def _pjrt_device():

@@ -1,7 +1,7 @@
 """scaled_dot_product_attention on pjrt: flash attention where shapes suit it, math otherwise.
 
-torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; our C++ stub
-(csrc/sdp_choice.cpp, built once like the runtime) asks `choose` below. Choosing
+torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; the runtime's C++ stub
+(csrc/runtime.cpp, `sdp_choice`) asks `choose` below. Choosing
 "overrideable" routes the call to `aten._scaled_dot_product_fused_attention_overrideable`
 (and autograd to its `_backward`), whose lowerings here run the flash-attention kernel; so
 eager calls and compiled graphs both use it, the latter inlined in the graph's executable.
@@ -12,11 +12,7 @@ TORCH_PJRT_FLASH_SDPA=0 turns the kernel off (math everywhere).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
-import importlib.util
 import os
-from pathlib import Path
 
 import jax.numpy as jnp
 import torch
@@ -26,8 +22,6 @@ from ..ops.registry import lowering
 from . import platforms
 
 aten = torch.ops.aten
-SOURCE = Path(__file__).parent / "csrc" / "sdp_choice.cpp"
-NAME = "torch_pjrt_sdp_choice"
 
 MATH = int(torch.nn.attention.SDPBackend.MATH)
 OVERRIDEABLE = int(torch.nn.attention.SDPBackend.OVERRIDEABLE)
@@ -106,34 +100,6 @@ def _scaled_dot_product_fused_attention_overrideable_backward(
 
 
 # ------------------------------------------------------------------------------ the C++ stub
-def _build_dir() -> Path:
-    compiler = os.environ.get("TORCH_PJRT_COMPILER_ID") or _runtime._compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + compiler.encode()).hexdigest()[:16]
-    return _runtime.cache_dir() / f"sdp-choice-torch{torch.__version__}-{key}"
-
-
-def _load_stub():
-    build_dir = _build_dir()
-    built = build_dir / f"{NAME}.so"
-    if built.exists():
-        loader = importlib.machinery.ExtensionFileLoader(NAME, str(built))
-        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(NAME, loader))
-        loader.exec_module(module)
-        return module
-    import ninja
-    from torch.utils.cpp_extension import load
-
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-    build_dir.mkdir(parents=True, exist_ok=True)
-    return load(name=NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], build_directory=str(build_dir), verbose=False)
-
-
-_stub = None
-
-
 def install() -> None:
-    """Register the pjrt SDPA choice (builds the small extension on first use)."""
-    global _stub
-    if _stub is None:
-        _stub = _load_stub()
-        _stub.set_choice(choose)
+    """Make the runtime's SDPA backend choice for pjrt tensors ask `choose`."""
+    _runtime.load().set_sdp_choice(choose)
