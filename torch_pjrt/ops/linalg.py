@@ -348,10 +348,11 @@ def _linalg_eigvals(self):
 
 @lowering(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(self):
-    if self.ndim == 2:
-        return jsl.expm(self)
-    flat = self.reshape((-1,) + self.shape[-2:])
-    return jax.vmap(jsl.expm)(flat).reshape(self.shape)
+    # in double precision: jsl.expm has no half types, and its single-precision Pade
+    # approximant is less accurate than CPU's Taylor one (relative errors of 2e-6 at 1e6)
+    x = self.astype(jnp.complex128 if jnp.iscomplexobj(self) else jnp.float64)
+    flat = x.reshape((-1,) + x.shape[-2:])
+    return jax.vmap(jsl.expm)(flat).reshape(x.shape).astype(self.dtype)
 
 
 # ------------------------------------------------------------------- least squares
