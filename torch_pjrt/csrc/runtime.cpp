@@ -595,14 +595,30 @@ void set_dtype_map(py::dict jax_to_torch) {
 }
 
 // wrap() for a JAX array, reading its shape and dtype here: the eager hot path.
-static c10::ScalarType torch_dtype(const py::object& array) {
-  return py::reinterpret_borrow<py::dict>(g_torch_dtypes)[array.attr("dtype")].cast<c10::ScalarType>();
+// A JAX array's shape and torch dtype, cached by its abstract value: an executable's
+// outputs share their aval objects, so the eager hot path reads no Python attributes.
+struct ArrayType {
+  PyObject* aval = nullptr;  // owned
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+static std::array<ArrayType, 256> g_array_types;
+
+static const ArrayType& array_type(const py::object& array) {
+  py::object aval = array.attr("aval");
+  auto& entry = g_array_types[(reinterpret_cast<uintptr_t>(aval.ptr()) >> 4) % g_array_types.size()];
+  if (entry.aval != aval.ptr()) {
+    entry.shape = aval.attr("shape").cast<std::vector<int64_t>>();
+    entry.dtype = py::reinterpret_borrow<py::dict>(g_torch_dtypes)[aval.attr("dtype")].cast<c10::ScalarType>();
+    Py_XDECREF(entry.aval);
+    entry.aval = aval.release().ptr();
+  }
+  return entry;
 }
 
 at::Tensor wrap_array(py::object array, c10::DeviceIndex device) {
-  auto shape = array.attr("shape").cast<std::vector<int64_t>>();
-  auto dtype = torch_dtype(array);
-  return wrap(std::move(array), std::move(shape), dtype, device);
+  const ArrayType& type = array_type(array);
+  return wrap(std::move(array), type.shape, type.dtype, device);
 }
 
 // ---------------------------------------------------------------------------
@@ -757,8 +773,7 @@ class FastKernel : public c10::OperatorKernel {
     Holder* h = holder_of(self.storage());
     if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type) && is_whole_buffer(self, h) &&
         self.storage().nbytes() == size_t(self.numel()) * self.element_size() &&
-        result.attr("shape").cast<std::vector<int64_t>>() == h->shape &&
-        torch_dtype(result) == h->dtype) {
+        array_type(result).shape == h->shape && array_type(result).dtype == h->dtype) {
       PyObject* ok = PyObject_CallOneArg(g_eager.record, result.ptr());
       if (!ok) throw python_error();
       Py_DECREF(ok);
