@@ -47,8 +47,8 @@ def initialize_from_environment() -> None:
     env = os.environ
     cpu = env.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" or env.get("JAX_PLATFORMS", "") == "cpu"
     local_ids = None if cpu else _local_device_ids()
-    if cpu:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # the CPU client's cross-process collectives (only the CPU client reads this setting)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         jax.distributed.initialize(
             coordinator_address(), int(env["WORLD_SIZE"]), int(env["RANK"]), local_device_ids=local_ids,
