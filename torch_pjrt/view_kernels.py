@@ -10,7 +10,7 @@ _COMPLEX = {v: k for k, v in _COMPONENT.items()}
 
 def _retyped(self: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A view of self's whole storage with another element type (geometry set by the caller)."""
-    n = max(1, dtype.itemsize // self.dtype.itemsize)
+    n = max(1, dtype.itemsize // self.dtype.itemsize) if self.untyped_storage().nbytes() else 0  # empty storage
     return aten.view.dtype(self.as_strided((n,), (1,), 0), dtype)
 
 
