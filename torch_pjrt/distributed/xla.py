@@ -4,8 +4,8 @@ group's devices (one per rank), through JAX's multi-process runtime.
 A rank's tensor becomes its shard of a global array laid out along dimension 0
 (`GroupMesh.to_global`, no copy), the program runs the collective on the named axis "g",
 and the rank's result is its shard of the output. Programs are cached per (op, shape,
-dtype, parameters) on the group's mesh. JAX dispatches asynchronously: the results are
-arrays still being computed, which is what makes `async_op=True` real on this path.
+dtype, fingerprint, parameters) on the group's mesh. The process group runs them on its
+dispatcher thread (work.py), since XLA's CPU collectives block until every peer joins.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 AXIS = "g"
 
-# torch.distributed.ReduceOp names the path supports, mapped to (collective, local reduction)
+# bitwise ReduceOps: XLA has no such all-reduce, so every block is gathered and reduced locally
 _BITWISE = {"BAND": jnp.bitwise_and, "BOR": jnp.bitwise_or, "BXOR": jnp.bitwise_xor}
 
 
