@@ -58,8 +58,9 @@ def test_subgroups_and_device_mesh():
     assert values[1]["subgroup_path"] == values[3]["subgroup_path"] == "xla"
 
 
-def test_ddp_equals_full_batch_training():
-    values = expect_success(launch("ddp", 2, timeout=240))
+@pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_ddp_equals_full_batch_training(nprocs):
+    values = expect_success(launch("ddp", nprocs, timeout=300))
     assert values[0]["buckets"] > 1  # several gradient buckets
 
 
