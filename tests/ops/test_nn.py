@@ -706,3 +706,12 @@ def test_safe_softmax():
     check(aten._safe_softmax.default, r(3, 4, 5), -1, **TOL)
     check(aten._safe_softmax.default, r(3, 4, 5), 0, torch.float64, **TOL)
     check(aten._safe_softmax.default, r(3, 4, dtype=torch.bfloat16), 1, **tol(torch.bfloat16))
+
+
+@pytest.mark.parametrize("op,args", [(aten.upsample_bilinear2d.vec, (False, None)), (aten.upsample_bicubic2d.vec, (False, None))])
+@pytest.mark.parametrize("size", [(13, 13), (40, 40), (13, 40)])
+def test_upsample_uint8(op, args, size):
+    """uint8 images resample separably with rounding and clamping between passes, as CPU's
+    uint8 kernel; its fixed-point weights can still make a value differ by 1 (atol=1)."""
+    x = torch.randint(0, 256, (2, 3, 27, 27), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    check(op, x, list(size), *args, atol=1, rtol=0)

@@ -1114,14 +1114,22 @@ def _cubic_matrix(n_in, n_out, align_corners, scale, ftype):
 
 
 def _resample(x, matrices):
-    """Apply one (out, in) matrix per trailing spatial axis."""
+    """Apply one (out, in) matrix per trailing spatial axis.
+
+    Integer images (uint8) resample like CPU's separable uint8 kernel: the last axis first,
+    each pass rounded and clamped to the dtype's range. CPU's fixed-point weights can still
+    make a value differ by 1."""
     nd = len(matrices)
     lead = x.ndim - nd
-    acc = _acc(x.dtype)
+    integer = jnp.issubdtype(x.dtype, jnp.integer)
+    acc = F32 if integer else _acc(x.dtype)
     y = x.astype(acc)
-    for a, m in enumerate(matrices):
-        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(m.T, acc), axes=([lead + a], [0]),
+    for a in reversed(range(nd)) if integer else range(nd):
+        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(matrices[a].T, acc), axes=([lead + a], [0]),
                                        precision=lax.Precision.HIGHEST), -1, lead + a)
+        if integer:
+            info = jnp.iinfo(x.dtype)
+            y = jnp.clip(jnp.floor(y + 0.5), info.min, info.max)
     return y.astype(x.dtype)
 
 
