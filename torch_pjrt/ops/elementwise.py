@@ -883,7 +883,7 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
                      name="leaky_relu_backward", allowed="f", scalars=(negative_slope,))
 
 
-hardtanh = activation("hardtanh", _clamp, allowed="if")
+hardtanh = activation("hardtanh", _clamp, allowed="uif")
 hardtanh_backward = activation(
     "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)))  # NaN x: 0
 hardsigmoid = activation("hardsigmoid", lambda x: jnp.clip(x + 3, 0, 6) / 6)
@@ -917,7 +917,7 @@ mish_backward = activation("mish_backward", _mish_backward)
 @lowering(aten.threshold.default)
 def threshold(self, threshold, value):
     # torch compares and replaces in self's dtype (the Scalars do not promote)
-    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="if",
+    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="uif",
                      scalars=(threshold, value))
 
 
