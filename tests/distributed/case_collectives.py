@@ -89,6 +89,13 @@ def collectives(backend: str = "pjrt") -> dict:
     for src in range(n):
         compare(f"broadcast from {src}", lambda t, g, s=src: dist.broadcast(t, s, group=g), _inputs((3, 4), torch.float32),
                 gloo=gloo)
+    compare("broadcast of bool", lambda t, g: dist.broadcast(t, 1, group=g), _inputs((5,), torch.bool), gloo=gloo)
+    special = torch.tensor([-0.0, float("inf"), float("-inf"), float("nan"), 1e-45])
+    for values in (special, torch.complex(special, special.flip(0))):
+        mine = (values * (rank + 1)).to(pjrt())  # rank 1 sends values * 2
+        dist.broadcast(mine, 1)
+        check_equal(f"broadcast of {values.dtype} specials, bit for bit", mine.cpu().view(torch.uint8),
+                    (values * 2).view(torch.uint8))
     compare("reduce to 1", lambda t, g: dist.reduce(t, 1, group=g), _inputs((6,), torch.float32), gloo=gloo, only_rank=1)
     compare("gather to 0", lambda t, outs, g: dist.gather(t, outs if rank == 0 else None, 0, group=g),
             _inputs((2, 3), torch.float32), [torch.zeros(2, 3) for _ in range(n)], gloo=gloo)

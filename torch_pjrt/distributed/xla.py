@@ -116,7 +116,7 @@ def broadcast(n: int, src: int) -> Callable:
     collective-broadcast): adding zero bits keeps -0.0 and NaN payloads exact."""
     def body(x):
         if x.dtype in (jnp.complex64, jnp.complex128):
-            return body(x.real) + 1j * body(x.imag)
+            return jax.lax.complex(body(x.real), body(x.imag))
         bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize]) if x.dtype != jnp.bool_ else x.astype(jnp.uint8)
         mine = jnp.where(jax.lax.axis_index(AXIS) == src, bits, jnp.zeros_like(bits))
         total = jax.lax.psum(mine, AXIS)
