@@ -34,6 +34,12 @@ def test_torchrun_launch(tmp_path):
         assert value == {"path": "xla", "jax_processes": 2, "device": 0, "failures": []}
 
 
+def test_without_jax_multiprocess_runtime_everything_is_host_staged():
+    """As under torch.multiprocessing.spawn, where JAX's runtime cannot start before import."""
+    values = expect_success(launch("smoke", 2, timeout=120, env={"TORCH_PJRT_JAX_DISTRIBUTED": "0"}))
+    assert all(v["path"] == "host" and v["jax_processes"] == 1 for v in values)
+
+
 def test_local_rank_picks_the_device_when_a_process_sees_several():
     values = expect_success(launch("smoke", 2, timeout=120, env={"TORCH_PJRT_CPU_DEVICES": "2"}))
     assert [v["device"] for v in values] == [0, 1] and all(v["path"] == "xla" for v in values)
