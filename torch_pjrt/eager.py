@@ -298,13 +298,15 @@ class OutKernel:
     def __call__(self, *args, **kwargs):
         outs = [kwargs.pop(n) for n in self.out_names]
         result, _ = self.functional.compute(args, kwargs)
-        results = result if isinstance(result, (tuple, list)) else (result,)
+        results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result
         for target, value in zip(outs, results):
             if isinstance(target, (tuple, list)):
                 for t, v in zip(target, value):
                     _store(self.op, t, v, resize=True)
             else:
                 _store(self.op, target, value, resize=True)
+        if not self.op._schema.returns:  # e.g. split_with_sizes_copy.out, whose Tensor[] out returns ()
+            return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
