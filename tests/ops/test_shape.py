@@ -195,3 +195,16 @@ def test_copy(dtype):
     check(aten.copy.default, x, make((2, 3), torch.float64, 1))
     check(aten.copy.default, x, make((3,), torch.int32, 2))  # src broadcasts
     check(aten.copy.default, x, make((), dtype, 3))
+
+
+def test_tensor_list_out_variants():
+    """Ops whose only out= is a Tensor[] write each tensor and return None, as on CPU."""
+    x = make((4, 5), torch.float32)
+    outs = [torch.empty(2, 5, device="pjrt"), torch.empty(0, device="pjrt")]
+    assert torch.split_with_sizes_copy(x.to("pjrt"), [2, 2], out=outs) is None
+    for out, expected in zip(outs, x.split([2, 2])):
+        torch.testing.assert_close(out.cpu(), expected)
+    outs = [torch.empty(5, device="pjrt") for _ in range(4)]
+    torch.unbind_copy(x.to("pjrt"), 0, out=outs)
+    for out, expected in zip(outs, x.unbind(0)):
+        torch.testing.assert_close(out.cpu(), expected)
