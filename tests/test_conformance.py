@@ -22,15 +22,16 @@ from torch_pjrt.tools import conformance as conf
 # One to three OpInfos per family, chosen to exercise the family's machinery
 # (broadcasting, dims and keepdim, index tensors, views, nn modules' functional forms, ...).
 FAMILY_OPS = {
-    "elementwise": ["add", "exp", "pow", "div.floor_rounding"],
+    "elementwise": ["add", "exp", "pow", "div.floor_rounding", "polygamma.polygamma_n_2"],
     "reductions": ["sum", "amax", "cumsum", "var_mean", "max.reduction_with_dim", "sort"],
-    "indexing": ["gather", "index_select", "masked_fill", "where", "index_put", "scatter_add"],
-    "shape": ["cat", "flip", "tril", "roll"],
+    "indexing": ["gather", "index_select", "masked_fill", "where", "index_put", "scatter_add",
+                 "nn.functional.embedding_bag"],
+    "shape": ["cat", "flip", "tril", "roll", "nn.functional.pad.replicate_negative"],
     "views": ["view", "transpose", "narrow", "select"],
     "nn": ["nn.functional.conv2d", "softmax", "nn.functional.layer_norm", "nn.functional.max_pool2d",
-           "nn.functional.cross_entropy"],
+           "nn.functional.cross_entropy", "nn.functional.batch_norm"],
     "linalg": ["mm", "matmul", "linalg.solve", "linalg.cholesky"],
-    "fft": ["fft.fft", "fft.rfft"],
+    "fft": ["fft.fft", "fft.rfft", "fft.irfft", "fft.hfft", "fft.ihfft"],
     "random": ["nn.functional.dropout", "bernoulli", "normal"],
     "foreach": ["_foreach_add", "_foreach_exp", "_foreach_addcmul"],
 }
@@ -38,14 +39,10 @@ DTYPES = ("float32", "int64")
 
 # (op, dtype, check) -> the failure as the runner reports it, today. Not a skip list: the
 # case still runs, and the test only tolerates its failure.
-KNOWN_FAILURES: dict = {
-    # out= and in-place overloads whose Scalar argument reaches the functional Scalar
-    # lowering as a tensor ("Error interpreting argument ... as an abstract array")
-    ("add", "float32", "out"): "TypeError: out=: Error interpreting argument (aten.add.Scalar)",
-    ("pow", "float32", "out"): "TypeError: out=: Error interpreting argument (aten.pow.Scalar)",
-    ("pow", "float32", "inplace"): "TypeError: Error interpreting argument (aten.pow.Scalar)",
-    ("div.floor_rounding", "float32", "out"): "TypeError: out=: Error interpreting argument (aten.div.Scalar_mode)",
-}
+KNOWN_FAILURES: dict = {}
+
+# Families whose ops must not touch the CPU fallback (their core ATen ops have lowerings).
+NO_FALLBACK = {"fft", "nn", "indexing"}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +68,8 @@ def test_family_subset(opinfos, family, name, monkeypatch):
     assert not bad, "\n".join(f"{c['op']} {c['dtype']} {c['check']}: {c['status']}: {c['reason']}" for c in bad)
     assert all(c["reason"] for c in cases if c["status"] == "skip"), "a skip without a reason"
     assert any(c["status"] == "pass" and c["check"] == "forward" for c in cases)
+    if family in NO_FALLBACK:
+        assert not [f for c in cases for f in c["fallback"]], f"{name} ran ops on the CPU fallback"
 
 
 # ---- the instrument ----------------------------------------------------------------------
