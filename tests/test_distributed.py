@@ -70,10 +70,6 @@ def test_ddp_equals_full_batch_training(nprocs):
     assert values[0]["buckets"] > 1  # several gradient buckets
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "eager.OutKernel mishandles out= overloads whose single out is a Tensor[] (split_with_sizes_copy.out, which "
-    "FSDP2's all-gather copy-out calls): it zips the result list with the out list's elements and returns the list "
-    "for a schema that returns (); passes with that fixed (reported in issue 7's note)"))
 def test_fsdp2_equals_full_batch_training():
     expect_success(launch("fsdp", 2, timeout=300))
 
