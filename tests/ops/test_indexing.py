@@ -103,6 +103,14 @@ def test_scatter_reduce(dtype, reduce, include_self):
         check(aten.scatter_reduce.two, x, 0, SCATTER_INDEX, src, reduce, include_self=include_self)
 
 
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_bool(reduce, include_self):
+    """bool sum is or, bool prod is and, as on CPU."""
+    x, src = make((3, 5), torch.bool), make((2, 5), torch.bool, 1)
+    check(aten.scatter_reduce.two, x, 0, SCATTER_INDEX, src, reduce, include_self=include_self)
+
+
 # ------------------------------------------------------------------ index_* along a dim
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_index_dim_ops(dtype):

@@ -170,6 +170,22 @@ def test_eig():
 def test_matrix_exp():
     check(aten.linalg_matrix_exp.default, r(4, 4) * 0.5, **TOL)
     check(aten.linalg_matrix_exp.default, r(2, 3, 3, 3, dtype=torch.float64))
+    # half types (CPU computes them in half precision; here against float32 rounded once)
+    x = r(3, 3) * 0.5
+    for dtype in (torch.float16, torch.bfloat16):
+        got = run(aten.linalg_matrix_exp.default, x.to(dtype))
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, torch.linalg.matrix_exp(x).to(dtype))
+
+
+def test_kron_out_writes_through_unsafe_view():
+    """kron(out=) computes into an _unsafe_view of out, which must alias it (as on CPU)."""
+    a, b = r(3, 4), r(2, 5, seed=1)
+    out = torch.empty(0, device="pjrt") if device_available() else None
+    if out is None:
+        pytest.skip("needs the pjrt device (out= and aliasing are eager behaviours)")
+    torch.kron(a.to("pjrt"), b.to("pjrt"), out=out)
+    torch.testing.assert_close(out.cpu(), torch.kron(a, b))
 
 
 @pytest.mark.parametrize("driver", [None, "gelsy", "gelsd", "gelss", "gels"])

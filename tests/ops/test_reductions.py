@@ -160,6 +160,14 @@ def test_all_any(dtype, shape):
 
 
 # ------------------------------------------------------------------ logsumexp / norms
+def test_logsumexp_complex_principal_branch():
+    """A complex input shifts by its largest real part (CPU): the imaginary part stays in (-pi, pi]."""
+    x = torch.tensor([[-4.8270 - 7.5824j, 1.0 + 3.0j], [0.5 - 9.0j, 2.0 + 0.1j]], dtype=torch.complex128)
+    for dim in ([0], [1], [0, 1]):
+        check(aten.logsumexp.default, x, dim, False)
+    check(aten.logsumexp.default, x[0, 0], [0], False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4)])
 def test_logsumexp(dtype, shape):
