@@ -21,7 +21,7 @@ import torch
 
 from . import bounds, platform, storage
 from ._runtime import load as _load_runtime
-from .dtypes import to_jax, to_torch
+from .dtypes import TORCH_TO_JAX, to_jax, to_torch
 from .ops.jitted import executable, hashable, static_positions
 from .ops.registry import LOWERINGS, Lowering
 from .ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
@@ -380,7 +380,8 @@ def register(special: dict) -> None:
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
-    _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY)
+    _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
+                          TORCH_TO_JAX)
     for op, kernel in kernels.items():
         _install(op, kernel)
 

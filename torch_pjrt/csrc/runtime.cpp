@@ -11,6 +11,7 @@
 //    resize_, set_): no data moves, so they never touch Python.
 // Everything that computes lives in Python (storage.py, the op table).
 #include <torch/extension.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
@@ -636,8 +637,34 @@ struct EagerHelpers {
   PyObject* read_lazily = nullptr;   // storage.read_lazily: a view's operand
   PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
   PyObject* array_type = nullptr;    // jax's concrete array class
+  PyObject* strided_view = nullptr;  // storage.StridedView
+  std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
+
+static py::tuple int_tuple(c10::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); i++) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLongLong(values[i]));
+  return out;
+}
+
+// storage.read_lazily in C++ for a view whose storage buffer is already there: a
+// StridedView with the geometry storage.py builds (the consuming executable resolves it).
+static py::object lazy_view(const at::Tensor& t, const Holder* h) {
+  auto dtype_index = static_cast<size_t>(t.scalar_type());
+  PyObject* dtype = dtype_index < g_eager.jax_dtypes.size() ? g_eager.jax_dtypes[dtype_index] : nullptr;
+  if (dtype && h && h->buffer &&
+      c10::multiply_integers(h->shape) * int64_t(c10::elementSize(h->dtype)) >= int64_t(t.storage().nbytes())) {
+    py::tuple geometry = py::make_tuple(int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
+                                        py::handle(dtype), py::bool_(t.is_conj()), py::bool_(t.is_neg()));
+    PyObject* view = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
+    if (!view) throw python_error();
+    return py::reinterpret_steal<py::object>(view);
+  }
+  PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());  // creates or grows the buffer
+  if (!view) throw python_error();
+  return py::reinterpret_steal<py::object>(view);
+}
 
 // Weak scalars by (kind, bits): converting a Python number costs a host-to-device copy.
 static std::unordered_map<uint64_t, PyObject*> g_weak_scalars[3];  // int, double, bool
@@ -746,9 +773,7 @@ class FastKernel : public c10::OperatorKernel {
       device = index;
       Holder* h = holder_of(t.storage());
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
-      PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());
-      if (!view) throw python_error();
-      return py::reinterpret_steal<py::object>(view);
+      return lazy_view(t, h);
     }
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number: promotes as a Scalar
       PyObject* s = weak_scalar(t.item());
@@ -831,9 +856,14 @@ class FastKernel : public c10::OperatorKernel {
 
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 
-void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type) {
+void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
+                       py::object strided_view, py::dict torch_to_jax) {
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
-             array_type.release().ptr()};
+             array_type.release().ptr(), strided_view.release().ptr()};
+  for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
+    auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
+    if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();
+  }
 }
 
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
