@@ -466,8 +466,9 @@ def _rebuildable(e) -> bool:
 
 
 # name: (dim's position in args, index output). kthvalue's index among equal k-th values is
-# implementation-defined too (torch's docs; CPU's quickselect picks any of them).
-TIE_OPS = {"sort": (0, 1), "argsort": (0, 0), "topk": (1, 1), "kthvalue": (1, 1)}
+# implementation-defined too (torch's docs; CPU's quickselect picks any of them). msort
+# (an unstable sort along dim 0) returns no indices, but its gradient follows them.
+TIE_OPS = {"sort": (0, 1), "argsort": (0, 0), "topk": (1, 1), "kthvalue": (1, 1), "msort": (None, None)}
 
 
 def _unstable_indices(ctx, sample):
@@ -477,6 +478,8 @@ def _unstable_indices(ctx, sample):
     if spec is None or sample.kwargs.get("stable") or not hasattr(sample.input, "dim") or sample.input.dim() == 0:
         return None
     pos, which = spec
+    if pos is None:  # msort
+        return 0, None
     args = sample.args
     dim = sample.kwargs.get("dim", args[pos] if len(args) > pos and isinstance(args[pos], int) else -1)
     return dim, which
@@ -485,7 +488,7 @@ def _unstable_indices(ctx, sample):
 def _indices_as_values(ctx, sample, actual, expected, moved_input):
     """Replace index outputs by the input values they point at: ties may be ordered either way."""
     spec = _unstable_indices(ctx, sample)
-    if spec is None:
+    if spec is None or spec[1] is None:
         return actual, expected
     dim, which = spec
 
