@@ -715,3 +715,14 @@ def test_upsample_uint8(op, args, size):
     uint8 kernel; its fixed-point weights can still make a value differ by 1 (atol=1)."""
     x = torch.randint(0, 256, (2, 3, 27, 27), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     check(op, x, list(size), *args, atol=1, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k,s,p,ceil_mode,count_include_pad", [(3, 1, 1, False, True), (3, 2, 1, True, False),
+                                                               (2, 2, 0, False, True)])
+def test_avg_pool2d_backward_bitwise(dtype, k, s, p, ceil_mode, count_include_pad):
+    """Overlapping windows add their gradients in CPU's order, rounding each addition (bitwise equal)."""
+    x = r(2, 3, 9, 8).to(dtype)
+    out = aten.avg_pool2d(x, [k, k], [s, s], [p, p], ceil_mode, count_include_pad)
+    check(aten.avg_pool2d_backward.default, r(*out.shape, seed=1).to(dtype), x, [k, k], [s, s], [p, p], ceil_mode,
+          count_include_pad, None, atol=0, rtol=0)

@@ -647,7 +647,8 @@ def max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, pad
     return _max_unpool_grad(grad_output, indices, self, 3)
 
 
-def _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override):
+def _avg_pool_sum(x, k, s, p, ceil_mode):
+    """Window sums of x (in its accumulation dtype) and the output sizes."""
     nd = len(k)
     lead = x.ndim - nd
     sizes = x.shape[lead:]
@@ -657,6 +658,10 @@ def _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override):
     summed = lax.reduce_window(
         x.astype(acc), np.array(0, acc), lax.add, (1,) * lead + tuple(k), (1,) * lead + tuple(s),
         [(0, 0)] * lead + list(zip(p, highs)))
+    return summed, outs
+
+
+def _avg_pool_divisor(sizes, outs, k, s, p, count_include_pad, divisor_override):
     if divisor_override is not None:
         div = np.asarray(float(divisor_override))
     else:
@@ -670,7 +675,13 @@ def _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override):
             else:
                 cnt = np.minimum(end, n) - np.maximum(start, 0)
             div = div[..., None] * cnt
-    return (summed / jnp.asarray(div, acc)).astype(x.dtype)
+    return div
+
+
+def _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override):
+    summed, outs = _avg_pool_sum(x, k, s, p, ceil_mode)
+    div = _avg_pool_divisor(x.shape[x.ndim - len(k):], outs, k, s, p, count_include_pad, divisor_override)
+    return (summed / jnp.asarray(div, summed.dtype)).astype(x.dtype)
 
 
 def _avg_pool_lowering(nd):
@@ -683,8 +694,21 @@ def _avg_pool_lowering(nd):
 def _avg_pool_backward_lowering(nd):
     def fn(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
         k, s, p, _ = _pool_args(nd, kernel_size, stride, _as_list(padding))
-        _, vjp = jax.vjp(lambda x: _avg_pool(x, k, s, p, ceil_mode, count_include_pad, divisor_override), self)
-        return vjp(grad_output.astype(self.dtype))[0]
+        sizes = self.shape[self.ndim - nd:]
+        outs = grad_output.shape[grad_output.ndim - nd:]
+        div = _avg_pool_divisor(sizes, outs, k, s, p, count_include_pad, divisor_override)
+        acc = _acc(self.dtype)
+        # As CPU: each output's gradient is divided by its divisor in the input's dtype and added
+        # into its window's inputs, windows in order, each addition rounded to that dtype.
+        # Visiting kernel offsets last-first adds every input's contributions in window order.
+        delta = (grad_output.astype(acc) / jnp.asarray(div, acc)).astype(self.dtype)
+        lead = self.ndim - nd
+        grad = jnp.zeros(self.shape, self.dtype)
+        for offset in itertools.product(*(reversed(range(kk)) for kk in k)):
+            cfg = [(0, 0, 0)] * lead + [(o - pp, pp + n - o - (m - 1) * ss - 1, ss - 1)
+                                        for o, pp, n, m, ss in zip(offset, p, sizes, outs, s)]
+            grad = (grad.astype(acc) + lax.pad(delta, jnp.zeros((), self.dtype), cfg).astype(acc)).astype(self.dtype)
+        return grad
     return fn
 
 
