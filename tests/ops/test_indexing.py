@@ -262,3 +262,18 @@ def test_unsafe_index_family(dtype):
     check(aten._unsafe_masked_index.default, x, mask, [wild, torch.tensor([0, 4])], 7)
     check(aten._unsafe_masked_index_put_accumulate.default, x, mask, [wild, torch.tensor([0, 4])],
           make((2, 2), dtype, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_accumulation_as_cpu(dtype):
+    """scatter_add / scatter_reduce sum accumulate half types in float32 (rounded once), index_put
+    accumulates in the tensor's dtype, as CPU's kernels do: bitwise equal."""
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 5, (200,), generator=g)
+    src, x = (torch.randn(200, generator=g) * 3).to(dtype), torch.randn(5, generator=g).to(dtype)
+    exact = dict(atol=0, rtol=0)
+    check(aten.scatter_add.default, x, 0, idx, src, **exact)
+    check(aten.scatter_reduce.two, x, 0, idx, src, "sum", **exact)
+    check(aten.scatter_reduce.two, x, 0, idx, src, "mean", include_self=False, **exact)
+    check(aten.index_put.default, x, [idx], src, True, **exact)
+    check(aten.index_add.default, x, 0, idx, src, **exact)

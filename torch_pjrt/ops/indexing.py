@@ -35,17 +35,21 @@ def wrap_index(index, size: int):
     return jnp.where(index < 0, index + size, index)
 
 
-def put_flat(flat, targets, updates, accumulate: bool):
+def put_flat(flat, targets, updates, accumulate: bool, float_accumulation: bool = False):
     """Write `updates` at flat positions `targets` of the 1-D array `flat`.
 
     accumulate adds every update; otherwise the last update for each target wins, as in
     torch's (serial) CPU kernels, independent of the backend's scatter order.
+    float_accumulation: float16/bfloat16 sums in float32, rounded once (CPU's scatter_add;
+    its index_put accumulates in the tensor's own dtype).
     """
     updates = jnp.broadcast_to(updates, targets.shape).reshape(-1).astype(flat.dtype)
     targets = targets.reshape(-1)
     if accumulate:
         if flat.dtype == jnp.bool_:
             return flat.at[targets].max(updates, mode="drop")  # bool add is logical or
+        if float_accumulation and flat.dtype in (jnp.float16, jnp.bfloat16):  # as CPU's scatter_add, index_add
+            return flat.astype(jnp.float32).at[targets].add(updates.astype(jnp.float32), mode="drop").astype(flat.dtype)
         return flat.at[targets].add(updates, mode="drop")
     order = jnp.arange(targets.shape[0], dtype=INT64)
     last = jnp.full(flat.shape, -1, INT64).at[targets].max(order, mode="drop")
@@ -203,7 +207,7 @@ def _scatter(self, dim, index, src, reduce=None):
     if reduce is None:
         out = put_flat(flat, targets, updates, accumulate=False)
     elif reduce in ("add", "sum"):
-        out = put_flat(flat, targets, updates, accumulate=True)
+        out = put_flat(flat, targets, updates, accumulate=True, float_accumulation=True)
     elif reduce == "multiply":
         out = flat.at[targets.reshape(-1)].multiply(jnp.broadcast_to(updates, targets.shape).reshape(-1)
                                                     .astype(flat.dtype), mode="drop")
@@ -252,7 +256,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     hit = jnp.zeros(flat.shape, jnp.bool_).at[targets].set(True, mode="drop")
     base = flat if include_self else jnp.where(hit, jnp.asarray(_identity(reduce, self.dtype), self.dtype), flat)
     if reduce in ("sum", "mean"):
-        out = base.at[targets].add(updates, mode="drop")
+        out = put_flat(base, targets, updates, accumulate=True, float_accumulation=True)
     elif reduce == "prod":
         out = base.at[targets].multiply(updates, mode="drop")
     else:
