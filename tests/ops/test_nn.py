@@ -728,3 +728,12 @@ def test_avg_pool2d_backward_bitwise(dtype, k, s, p, ceil_mode, count_include_pa
     exact = dict(atol=0, rtol=0) if dtype != torch.float32 else {}
     check(aten.avg_pool2d_backward.default, r(*out.shape, seed=1).to(dtype), x, [k, k], [s, s], [p, p], ceil_mode,
           count_include_pad, None, **exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape,out", [((2, 3, 9, 8), (4, 3)), ((2, 3, 5, 5), (7, 6)), ((2, 3, 8, 8), (4, 4))])
+def test_adaptive_avg_pool2d_backward_as_cpu(dtype, shape, out):
+    """Overlapping adaptive windows: CPU's divisions and addition order (bitwise for half types)."""
+    x = r(*shape).to(dtype)
+    exact = dict(atol=0, rtol=0) if dtype != torch.float64 else {}
+    check(aten._adaptive_avg_pool2d_backward.default, r(*shape[:2], *out, seed=1).to(dtype), x, **exact)

@@ -745,9 +745,36 @@ def _adaptive_avg_pool(self, output_size):
 
 
 def _adaptive_avg_backward(grad_output, self, nd):
-    out_size = grad_output.shape[grad_output.ndim - nd:]
-    _, vjp = jax.vjp(lambda x: _adaptive_avg(x, out_size), self)
-    return vjp(grad_output.astype(self.dtype))[0]
+    """As CPU: each output's gradient divided by its window's extent along each axis in turn
+    (rounding to the dtype each time), then added into the window's inputs, windows in order,
+    each addition rounded to the dtype."""
+    lead = self.ndim - nd
+    sizes, outs = self.shape[lead:], grad_output.shape[lead:]
+    acc = _acc(self.dtype)
+    delta = grad_output.astype(self.dtype)
+    bounds = [_adaptive_bounds(n, o) for n, o in zip(sizes, outs)]
+    for a, (start, end) in enumerate(bounds):
+        extent = (end - start).reshape((-1,) + (1,) * (nd - 1 - a))
+        delta = (delta.astype(acc) / jnp.asarray(extent, acc)).astype(self.dtype)
+    covering = []  # per axis: for the j-th window covering each input index, (window, valid)
+    for n, (start, end) in zip(sizes, bounds):
+        i = np.arange(n)
+        first = np.searchsorted(end, i, side="right")  # the first window whose end lies past i
+        count = max(int(((start[None, :] <= i[:, None]) & (i[:, None] < end[None, :])).sum(1).max()), 1)
+        steps = []
+        for j in range(count):
+            o = np.minimum(first + j, len(start) - 1)
+            steps.append((o, (first + j < len(start)) & (start[o] <= i) & (i < end[o])))
+        covering.append(steps)
+    grad = jnp.zeros(self.shape, self.dtype)
+    for combo in itertools.product(*covering):
+        part, valid = delta, np.ones((1,) * nd, bool)
+        for a, (o, ok) in enumerate(combo):
+            part = jnp.take(part, jnp.asarray(o, I64), axis=lead + a)
+            valid = valid & ok.reshape((-1,) + (1,) * (nd - 1 - a))
+        part = jnp.where(jnp.asarray(valid), part, jnp.zeros((), self.dtype))
+        grad = (grad.astype(acc) + part.astype(acc)).astype(self.dtype)
+    return grad
 
 
 @lowering(aten._adaptive_avg_pool2d_backward.default)
