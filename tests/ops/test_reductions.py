@@ -352,3 +352,12 @@ def test_unique(dtype):
     check(aten.unique_consecutive.default, torch.tensor([1, 1, 2, 2, 3, 1, 1, 2]).to(dtype), True, True)
     check(aten.unique_consecutive.default, rows, True, True, 0)
     check(aten._unique2.default, torch.empty(0).to(dtype), True, True, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_std_half_rounds_once(dtype):
+    """std of a half type is sqrt(var) in float32, rounded once (CPU), not sqrt of a rounded var."""
+    x = (torch.randn(40, 5, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    exact = dict(atol=0, rtol=0)
+    check(aten.std.correction, x, [1], correction=1, **exact)
+    check(aten.std_mean.correction, x, [0], correction=0, **exact)

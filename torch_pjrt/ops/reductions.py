@@ -140,8 +140,9 @@ def prod_dim(self, dim, keepdim=False, *, dtype=None):
 
 
 # --------------------------------------------------------------------------- var / std
-def var_and_mean(x, dim, correction, keepdim):
-    """(var, mean) with torch's divisor max(N - correction, 0); correction None means 1."""
+def var_and_mean(x, dim, correction, keepdim, root=False):
+    """(var, mean) with torch's divisor max(N - correction, 0); correction None means 1.
+    root: (std, mean), the square root taken before rounding to a half type, as CPU does."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError("std and var only support floating point and complex dtypes")
     out_dtype = x.dtype
@@ -158,7 +159,7 @@ def var_and_mean(x, dim, correction, keepdim):
     # torch adds the variances of the real and imaginary parts (so a zero divisor gives
     # inf + 0/0 = nan for a real-valued complex input, exactly as torch)
     var = real_var(d.real) + real_var(d.imag) if jnp.iscomplexobj(d) else real_var(d)
-    var = var.astype(real_dtype(out_dtype))
+    var = (jnp.sqrt(var) if root else var).astype(real_dtype(out_dtype))
     m = m if keepdim else jnp.squeeze(m, axes)
     return var, m.astype(out_dtype)
 
@@ -180,17 +181,17 @@ def var_correction(self, dim=None, *, correction=None, keepdim=False):
 
 @lowering(aten.std.default)
 def std(self, unbiased=True):
-    return jnp.sqrt(var(self, unbiased))
+    return var_and_mean(self, None, int(unbiased), False, root=True)[0]
 
 
 @lowering(aten.std.dim)
 def std_dim(self, dim, unbiased=True, keepdim=False):
-    return jnp.sqrt(var_dim(self, dim, unbiased, keepdim))
+    return var_and_mean(self, dim, int(unbiased), keepdim, root=True)[0]
 
 
 @lowering(aten.std.correction)
 def std_correction(self, dim=None, *, correction=None, keepdim=False):
-    return jnp.sqrt(var_correction(self, dim, correction=correction, keepdim=keepdim))
+    return var_and_mean(self, dim, correction, keepdim, root=True)[0]
 
 
 @lowering(aten.var_mean.default)
@@ -210,20 +211,17 @@ def var_mean_correction(self, dim=None, *, correction=None, keepdim=False):
 
 @lowering(aten.std_mean.default)
 def std_mean(self, unbiased=True):
-    v, m = var_mean(self, unbiased)
-    return jnp.sqrt(v), m
+    return var_and_mean(self, None, int(unbiased), False, root=True)
 
 
 @lowering(aten.std_mean.dim)
 def std_mean_dim(self, dim, unbiased=True, keepdim=False):
-    v, m = var_mean_dim(self, dim, unbiased, keepdim)
-    return jnp.sqrt(v), m
+    return var_and_mean(self, dim, int(unbiased), keepdim, root=True)
 
 
 @lowering(aten.std_mean.correction)
 def std_mean_correction(self, dim=None, *, correction=None, keepdim=False):
-    v, m = var_and_mean(self, dim, correction, keepdim)
-    return jnp.sqrt(v), m
+    return var_and_mean(self, dim, correction, keepdim, root=True)
 
 
 # --------------------------------------------------------------------------- min / max / arg*
