@@ -1279,7 +1279,10 @@ def main(argv=None) -> int:
             old = json.load(open(args.merge))
             rerun = set(names)
             records = [r for r in old["records"] if r["op"] not in rerun] + records
-            meta = dict(old["meta"], command=old["meta"]["command"] + "; then " + meta["command"])
+            first = old["meta"]["date"].split(";")[0]
+            meta = dict(old["meta"], command=old["meta"]["command"] + "; then " + meta["command"],
+                        date=f"{first}; reruns merged until {meta['date']}",
+                        seconds=old["meta"].get("seconds", 0) + meta["seconds"])
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"meta": meta, "records": records}, f, indent=0)
