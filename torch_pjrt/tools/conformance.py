@@ -647,6 +647,8 @@ def check_out(ctx, samples):
                 except Exception as e:  # noqa: BLE001
                     raise type(e)(f"{what}: {e}") if _rebuildable(e) else e
             out_v, cpu_v = _indices_as_values(ctx, sample, out, cpu_out, inp)
+            # as in the forward check (eigenvectors' signs, SVD's phases): the same function on both
+            out_v, cpu_v = sample.output_process_fn_grad(out_v), sample.output_process_fn_grad(cpu_v)
             _compare(ctx, out_v, cpu_v, what)
             if cpu_ret is None:  # a Tensor[] out= (split_with_sizes_copy.out) returns nothing on CPU
                 if ret is not None:
