@@ -1032,6 +1032,9 @@ def render(records, meta) -> str:
     w(f"- torch {meta['torch']}, jax {meta['jax']}, torch-pjrt {meta.get('torch_pjrt', '?')}, "
       f"PJRT platform `{meta.get('platform', '?')}`")
     w(f"- Command: `{meta['command']}`")
+    if "; then " in meta["command"]:
+        w(f"- Merged report: the first command is a full sweep; each later one (`--merge`) reran the OpInfos "
+          f"it names and replaced their cases; every other OpInfo's cases come from the run before it")
     w(f"- OpInfos: {len(ops_family)} ({meta.get('source', 'op_db + foreach OpInfo databases')}); "
       f"cases: {len(cases)}; wall time: {meta.get('seconds', 0) / 60:.1f} min")
     samples = meta.get("max_samples") or 0
