@@ -739,7 +739,8 @@ def _polygamma_high(n, x):
         return jnp.where(low, y + 1, y), acc
 
     y, acc = lax.while_loop(lambda st: jnp.any((st[0] < 1) & jnp.isfinite(st[0])), body, (x, jnp.zeros_like(x)))
-    return jsp.polygamma(n, y) - acc
+    at_minus_inf = jnp.asarray(-jnp.inf if n % 2 == 0 else jnp.inf, x.dtype)  # CPU's zeta(n + 1, -inf) = inf
+    return jnp.where(x == -jnp.inf, at_minus_inf, jsp.polygamma(n, y) - acc)
 
 
 @lowering(aten.polygamma.default)
@@ -883,7 +884,7 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
                      name="leaky_relu_backward", allowed="f", scalars=(negative_slope,))
 
 
-hardtanh = activation("hardtanh", _clamp, allowed="uif")
+hardtanh = activation("hardtanh", _clamp, allowed="if")
 hardtanh_backward = activation(
     "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)))  # NaN x: 0
 hardsigmoid = activation("hardsigmoid", lambda x: jnp.clip(x + 3, 0, 6) / 6)
@@ -917,7 +918,7 @@ mish_backward = activation("mish_backward", _mish_backward)
 @lowering(aten.threshold.default)
 def threshold(self, threshold, value):
     # torch compares and replaces in self's dtype (the Scalars do not promote)
-    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="uif",
+    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="if",
                      scalars=(threshold, value))
 
 
