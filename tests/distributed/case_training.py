@@ -177,6 +177,19 @@ def tensor_parallel() -> dict:
     for (name, p), (_, p_ref) in zip(block.named_parameters(), reference.named_parameters()):
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         check_equal(f"TP gradient of {name}", grad, p_ref.grad, rtol=1e-4, atol=1e-5)
+
+    # the same TP block under torch.compile(backend="pjrt"): the process group is a static graph input
+    compiled_block = copy.deepcopy(reference).to(pjrt())
+    parallelize_module(compiled_block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    compiled = torch.compile(compiled_block, backend="pjrt")
+    compiled_in = x.detach().to(pjrt()).requires_grad_(True)
+    out = compiled(compiled_in)
+    check_equal("compiled TP MLP output", out, ref_out.detach(), rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+    check_equal("compiled TP MLP input gradient", compiled_in.grad, x.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), (_, p_ref) in zip(compiled_block.named_parameters(), reference.named_parameters()):
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        check_equal(f"compiled TP gradient of {name}", grad, p_ref.grad, rtol=1e-4, atol=1e-5)
     return {}
 
 

@@ -25,7 +25,7 @@ from .. import platform, storage
 from .._runtime import load as _load_runtime
 from ..dtypes import to_jax
 from . import cache, dynamic, stats
-from .interpreter import CPU, INT, PJRT, GraphProgram, LoweringError, find_lowering, signature
+from .interpreter import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, find_lowering, signature
 
 _rt = _load_runtime()
 whole_buffer = _rt.whole_buffer
@@ -176,8 +176,9 @@ class CompiledGraph:
         self.pjrt_inputs = tuple(i for i, k in enumerate(self.kinds) if k == PJRT)
         self.cpu_inputs = tuple(i for i, k in enumerate(self.kinds) if k == CPU)
         self.output_places = [_place(d) for d in program.output_devices]
-        # (seeds, constants, *inputs): ints (symbolic sizes) are static; mutated inputs donated
-        static = tuple(2 + i for i in self.int_inputs)
+        # (seeds, constants, *inputs): ints (symbolic sizes) and opaque objects (a process
+        # group's script object, for the collectives' lowerings) are static; mutated inputs donated
+        static = tuple(2 + i for i, k in enumerate(self.kinds) if k in (INT, OTHER))
         donated = tuple(2 + i for i in self.mutated)
         # every array argument on the graph's device, committed or not: one executable either way
         jit = functools.partial(jax.jit, program.function, static_argnums=static, compiler_options=config.xla_options,
@@ -200,7 +201,7 @@ class CompiledGraph:
             return jax.ShapeDtypeStruct(shape, to_jax(x.dtype))
         if isinstance(x, torch.SymInt):
             return int(dynamic.hint(x))
-        return x
+        return getattr(x, "real_obj", x)  # a FakeScriptObject traces as the object calls will pass
 
     def _seed_spec(self):
         if not self.n_seeds:
