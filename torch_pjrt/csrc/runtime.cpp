@@ -787,9 +787,7 @@ class FastKernel : public c10::OperatorKernel {
     if (array == Py_None) return at::Tensor();  // an output the op leaves undefined
     TORCH_CHECK(Py_TYPE(array) == reinterpret_cast<PyTypeObject*>(g_eager.array_type), "pjrt: the lowering of ",
                 op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name, " instead of a jax array");
-    PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
-    if (!ok) throw python_error();
-    Py_DECREF(ok);
+    record(array);
     return wrap_array(py::reinterpret_borrow<py::object>(array), device);
   }
 
@@ -797,19 +795,29 @@ class FastKernel : public c10::OperatorKernel {
   void store(const at::Tensor& self, const py::object& result) {
     Holder* h = holder_of(self.storage());
     if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type) && is_whole_buffer(self, h) &&
-        self.storage().nbytes() == size_t(self.numel()) * self.element_size() &&
-        array_type(result).shape == h->shape && array_type(result).dtype == h->dtype) {
-      PyObject* ok = PyObject_CallOneArg(g_eager.record, result.ptr());
-      if (!ok) throw python_error();
-      Py_DECREF(ok);
+        self.storage().nbytes() == size_t(self.numel()) * self.element_size()) {
+      const ArrayType& type = array_type(result);
+      if (type.shape != h->shape || type.dtype != h->dtype) return store_in_python(self, result);
+      record(result.ptr());
       PyObject* old = h->buffer;
       h->buffer = py::object(result).release().ptr();
       Py_DECREF(old);
       return;
     }
+    store_in_python(self, result);
+  }
+
+  void store_in_python(const at::Tensor& self, const py::object& result) {
     PyObject* out = PyObject_CallFunctionObjArgs(store_, py::cast(self).ptr(), result.ptr(), nullptr);
     if (!out) throw python_error();
     Py_DECREF(out);
+  }
+
+  // synchronize()'s bookkeeping of recent results (storage._recent)
+  static void record(PyObject* array) {
+    PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
+    if (!ok) throw python_error();
+    Py_DECREF(ok);
   }
 
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
