@@ -50,13 +50,14 @@ def test_collectives_xla_path(nprocs):
     values = expect_success(launch("collectives", nprocs, timeout=240))
     assert all(v["path"] == "xla" for v in values)
     assert all(v["compiled_graphs"] == 1 for v in values)  # no graph break around the collectives
+    assert all(v["compiled_collectives"] == ["xla"] for v in values)  # one SPMD program with XLA collectives
 
 
 def test_collectives_host_path():
     """Host-staged, initialised with the mixed backend string "cpu:gloo,pjrt:pjrt"."""
     values = expect_success(launch("collectives", 2, timeout=180, env={"TORCH_PJRT_COLLECTIVES": "host"},
                                    args=["cpu:gloo,pjrt:pjrt"]))
-    assert all(v["path"] == "host" for v in values)
+    assert all(v["path"] == "host" and v["compiled_collectives"] == ["host"] for v in values)
 
 
 def test_subgroups_and_device_mesh():
@@ -75,7 +76,9 @@ def test_fsdp2_equals_full_batch_training():
 
 
 def test_tensor_parallel_mlp_equals_unsharded():
-    expect_success(launch("tensor_parallel", 2, timeout=240))
+    values = expect_success(launch("tensor_parallel", 2, timeout=240))
+    # the compiled block's forward and backward graphs: XLA collectives in one SPMD program each
+    assert all(v["compiled_collectives"] == ["xla", "xla"] for v in values)
 
 
 def test_dcp_save_on_4_load_on_2(tmp_path):

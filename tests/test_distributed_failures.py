@@ -51,3 +51,20 @@ def test_exit_after_a_stuck_collective_does_not_hang():
     results = launch("failure", 2, timeout=100, env=env, args=["stuck"])
     assert results[0].value["error"] is not None
     assert results[0].exited_after < 50, results[0].output[-2000:]  # long before its stuck peer (70 s) lets go
+
+
+def test_compiled_graph_with_a_killed_peer_raises():
+    """A compiled graph's collectives are XLA collectives in its executable: a dead peer
+    still makes the call raise within the group's timeout, naming the graph and ranks."""
+    value = _rank0("compiled_killed", {})
+    assert value["error"] is not None and "compiled graph" in value["error"] and "[0, 1]" in value["error"], value
+    assert value["seconds"] < 40
+
+
+def test_compiled_graphs_of_other_shapes_raise_on_every_rank():
+    results = launch("failure", 2, timeout=120, args=["compiled_mismatch"])
+    for r in results:
+        error = r.value["error"]
+        assert error is not None and "CollectiveError" in error and "ran another graph or other input shapes" in error, \
+            r.value
+        assert f"ranks [{1 - r.rank}]" in error, error

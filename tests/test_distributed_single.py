@@ -41,10 +41,14 @@ def test_cpu_tensors_go_to_the_groups_gloo(group):
     assert torch.equal(t, torch.ones(3))
 
 
-def test_unsupported_reduce_op_names_it(group):
-    t = torch.ones(2, device="pjrt")
-    with pytest.raises(NotImplementedError, match="all_reduce does not support ReduceOp.PREMUL_SUM"):
-        dist.all_reduce(t, dist._make_nccl_premul_sum(2.0))
+def test_premul_sum_scales_then_sums(group):
+    t = torch.arange(4.0, device="pjrt")
+    dist.all_reduce(t, dist._make_nccl_premul_sum(2.0))
+    assert torch.equal(t.cpu(), torch.arange(4.0) * 2)
+    out = torch.zeros(4, device="pjrt")
+    source = torch.arange(4.0, device="pjrt")
+    dist.reduce_scatter_tensor(out, source, dist._make_nccl_premul_sum(torch.tensor([0.5])))
+    assert torch.equal(out.cpu(), torch.arange(4.0) / 2) and torch.equal(source.cpu(), torch.arange(4.0))
 
 
 def test_tensor_on_another_device_names_both(group):

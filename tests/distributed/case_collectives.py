@@ -77,6 +77,15 @@ def collectives(backend: str = "pjrt") -> dict:
     dist.all_reduce(mine, ReduceOp.AVG)
     _avg_reference(ref, gloo)
     check_equal("all_reduce AVG", mine, ref)
+    # PREMUL_SUM (gloo has none): the sum over the ranks of factor * input
+    premul = dist._make_nccl_premul_sum(0.5)
+    compare("all_reduce PREMUL_SUM", lambda t, g: dist.all_reduce(t, premul, group=g) if g is None else
+            dist.all_reduce(t.mul_(0.5), group=g), _inputs((4, 6), torch.float32), gloo=gloo)
+    compare("reduce_scatter_tensor PREMUL_SUM", lambda out, t, g: dist.reduce_scatter_tensor(out, t, premul) if g is None
+            else dist.reduce_scatter_tensor(out, t * 0.5, group=g), torch.zeros(3), _inputs((3 * n,), torch.float32),
+            gloo=gloo)
+    compare("reduce PREMUL_SUM to rank 1", lambda t, g: dist.reduce(t, 1, premul) if g is None else
+            dist.reduce(t.mul_(0.5), 1, group=g), _inputs((5,), torch.float32), gloo=gloo, only_rank=1)
     mine, ref = _inputs((4, 6), torch.float32).to(pjrt()), _inputs((4, 6), torch.float32)
     dist.all_reduce(mine[:, 1::2])  # a strided view: the result must land in the base's storage
     part = ref[:, 1::2].contiguous()  # gloo needs contiguous tensors
@@ -182,7 +191,8 @@ def collectives(backend: str = "pjrt") -> dict:
     check_equal("functional all_to_all_single", fc.all_to_all_single(x, None, None, pg).wait(),
                 fc.all_to_all_single(xr, None, None, gloo).wait())
 
-    # functional collectives inside one compiled graph (host callbacks in the XLA program)
+    # functional collectives inside one compiled graph: XLA collectives in one SPMD program
+    # over the group's mesh (host callbacks where the multi-process runtime is off)
     def program(x, group):
         y = fc.all_reduce(x * 2, "sum", group)
         z = fc.all_gather_tensor(y + 1, 0, group)
@@ -194,7 +204,9 @@ def collectives(backend: str = "pjrt") -> dict:
     check_equal("compiled functional collectives", compiled(x, pg), program(xr, gloo))
     import torch_pjrt
 
-    return {"path": path, "compiled_graphs": torch_pjrt.compile_stats()["graphs"]}
+    stats = torch_pjrt.compile_stats()
+    return {"path": path, "compiled_graphs": stats["graphs"],
+            "compiled_collectives": [g["path"] for g in stats["collective_graphs"]]}
 
 
 @case

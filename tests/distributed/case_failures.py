@@ -6,6 +6,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 
 from tests.distributed.common import case, init, pjrt
 
@@ -14,8 +15,11 @@ TIMEOUT_S = 6
 
 @case
 def failure(mode: str) -> dict:
-    """Rank 1 misbehaves (mode: killed, stuck, mismatch); every other rank reports the error it got."""
+    """Rank 1 misbehaves (mode: killed, stuck, mismatch; compiled_killed and compiled_mismatch
+    for a compiled graph's collective); every other rank reports the error it got."""
     init(timeout_s=TIMEOUT_S)
+    compiled = mode.startswith("compiled_")
+    mode = mode.removeprefix("compiled_")
     rank = dist.get_rank()
     t = torch.ones(4, device=pjrt())
     dist.all_reduce(t)  # everyone is up
@@ -28,11 +32,17 @@ def failure(mode: str) -> dict:
         t = torch.ones(4 + rank, device=pjrt())
     else:
         time.sleep(1)  # let the peer die or get stuck first
+    if compiled:  # compiled before the clock starts: the timeout counts from the call
+        double_sum = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", dist.group.WORLD), backend="pjrt")
+        torch._dynamo.mark_static(t)
     start = time.monotonic()
     try:
-        work = dist.all_reduce(t, async_op=True)
-        work.wait()
-        t.cpu()
+        if compiled:
+            double_sum(t).cpu()
+        else:
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            t.cpu()
         error = None
     except Exception as e:  # noqa: BLE001  (the error is the result)
         error = f"{type(e).__name__}: {e}"

@@ -24,7 +24,7 @@ from jax.sharding import SingleDeviceSharding
 from .. import platform, storage
 from .._runtime import load as _load_runtime
 from ..dtypes import to_jax
-from . import cache, dynamic, stats
+from . import cache, dynamic, spmd, stats
 from .interpreter import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, find_lowering, signature
 
 _rt = _load_runtime()
@@ -188,11 +188,16 @@ class CompiledGraph:
         self.executables = 0
         # symbolic sizes: padded per bucket (or per exact size when the graph is not paddable)
         self.dynamic = dynamic.DynamicPlan(self, example_inputs, config.buckets) if self.int_inputs else None
+        # collectives over one pjrt process group: the graph runs as one SPMD program on its mesh
+        group = spmd.plan(program, example_inputs, dynamic=self.dynamic is not None)
+        self.spmd = spmd.SpmdGraph(self, group) if group is not None else None
         # compile now, for the example inputs' shapes: errors surface at torch.compile time
         specs = [self._spec(x) for x in example_inputs]
-        if self.dynamic is None:
+        if self.spmd is not None:
+            self.spmd.build(specs)
+        elif self.dynamic is None:
             self._build(self.donating or self.plain, specs)
-        self.fast = config.mode == "reduce-overhead" and self.dynamic is None
+        self.fast = config.mode == "reduce-overhead" and self.dynamic is None and self.spmd is None
 
     # ---------------------------------------------------------------- building
     def _spec(self, x):
@@ -212,9 +217,12 @@ class CompiledGraph:
         """Trace `fn` for `specs` now, so lowering errors surface at torch.compile time. XLA
         compiles on the first call, when JAX sees the real buffers (their placement is part
         of the executable's key); that call reuses this trace."""
+        self._trace(lambda: fn.trace(self._seed_spec(), self.program.constants, *specs))
+
+    def _trace(self, trace):
         with stats.building(self.name):
             try:
-                traced = fn.trace(self._seed_spec(), self.program.constants, *specs)
+                traced = trace()
             except LoweringError:
                 raise
             except Exception as e:  # noqa: BLE001  (not a node's failure: name the graph at least)
@@ -264,6 +272,8 @@ class CompiledGraph:
         args.clear()  # boxed convention: free inputs as early as the graph allows
         if self.dynamic is not None:
             return self.dynamic.call(self, tensors)
+        if self.spmd is not None:
+            return self.spmd.call(tensors)
         inputs = self._read_inputs(tensors)
         fn = self.donating if self.donating is not None and self._donatable(inputs) else self.plain
         seeds = self._seeds()

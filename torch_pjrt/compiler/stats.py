@@ -40,6 +40,8 @@ def reset_compile_stats() -> None:
             backend_seconds=0.0,  # time in the backend itself (graph analysis, eager-fallback checks)
             eager_fallbacks=[],  # {"graph", "error"}: graphs that failed to lower and run eagerly (opt-in)
             dynamic_graphs=[],  # {"graph", "bucketed", "reason"}: graphs with symbolic sizes, padded per bucket or not
+            collective_graphs=[],  # {"graph", "path", "collectives", "why"}: graphs with collectives; path "xla"
+            # (one SPMD program over the group's mesh) or "host" (ordered host callbacks), with why
             graph_names=[],  # "graph<N>_<forward|backward|inference>", N counting Dynamo graphs since the reset
             dynamo_graphs=0,
         )
@@ -51,11 +53,7 @@ reset_compile_stats()
 def compile_stats() -> dict:
     """A snapshot of the compile backend's counters (see reset_compile_stats for the keys)."""
     with _lock:
-        snap = dict(_state)
-        snap["recompiles"] = list(_state["recompiles"])
-        snap["eager_fallbacks"] = list(_state["eager_fallbacks"])
-        snap["graph_names"] = list(_state["graph_names"])
-        snap["dynamic_graphs"] = list(_state["dynamic_graphs"])
+        snap = {k: list(v) if isinstance(v, list) else v for k, v in _state.items()}
     return snap
 
 

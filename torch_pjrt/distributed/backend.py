@@ -24,7 +24,8 @@ from .. import platform, storage
 from . import runtime
 from .host import HostWork, copy_back, to_host
 from .work import CollectiveError, PjrtWork, dispatch
-from .xla import REDUCE_OPS, GroupMesh
+from ..ops.collectives import REDUCE_OPS
+from .xla import GroupMesh
 
 BACKEND = "pjrt"
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -52,12 +53,18 @@ def local_device_index() -> int:
     return local_rank
 
 
-def _reduce_op(op, what: str) -> str:
+def _reduce_op(op, what: str) -> tuple[str, float | None]:
+    """(the reduction's name, PREMUL_SUM's factor or None): PREMUL_SUM is SUM of the inputs
+    multiplied by the factor first (a Python number or a one-element tensor)."""
     name = op.op.name if hasattr(op, "op") else getattr(op, "name", str(op))
     name = name.split(".")[-1]
+    if name == "PREMUL_SUM":
+        factor = op.factor
+        return "SUM", float(factor.item() if isinstance(factor, torch.Tensor) else factor)
     if name not in REDUCE_OPS:
-        raise NotImplementedError(f"pjrt: {what} does not support ReduceOp.{name} (supported: {', '.join(REDUCE_OPS)})")
-    return name
+        raise NotImplementedError(f"pjrt: {what} does not support ReduceOp.{name} (supported: {', '.join(REDUCE_OPS)}, "
+                                  f"PREMUL_SUM)")
+    return name, None
 
 
 def _is_pjrt(x) -> bool:
@@ -198,6 +205,13 @@ class ProcessGroupPjrt(dist.ProcessGroup):
 
         return PjrtWork(self._what(label), result, dispatch(compute), finish, self.timeout)
 
+    def run_compiled(self, graph: str, compute):
+        """Run `compute()` (a compiled graph's SPMD program over this group; compiler/spmd.py)
+        on the dispatcher thread, and wait for its value with the group's timeout."""
+        value = []
+        PjrtWork(self._what(f"compiled graph '{graph}'"), [], dispatch(compute), value.append, self.timeout).wait()
+        return value[0]
+
     def _xla_in_place(self, label: str, name: str, t: torch.Tensor, **params) -> PjrtWork:
         return self._xla(label, name, storage.read(t), lambda out: storage.write(t, out), [t],
                          self._fingerprint(label, t), **params)
@@ -230,7 +244,10 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.AllreduceOptions()
-        op = _reduce_op(opts.reduceOp, "all_reduce")
+        op, factor = _reduce_op(opts.reduceOp, "all_reduce")
+        if factor is not None:
+            for t in tensors:
+                t.mul_(factor)  # in place: the result replaces the input anyway
         if self._on_xla("all_reduce", *tensors):
             works = [self._xla_in_place("all_reduce", "all_reduce", t, op=op) for t in tensors]
             return works[0] if len(works) == 1 else _joined(self._what("all_reduce"), works, tensors)
@@ -257,9 +274,13 @@ class ProcessGroupPjrt(dist.ProcessGroup):
 
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.ReduceOptions()
-        op = _reduce_op(opts.reduceOp, "reduce")
+        op, factor = _reduce_op(opts.reduceOp, "reduce")
         (t,) = tensors
         root = self.rank() == opts.rootRank
+        if factor is not None:  # the root receives the sum of the scaled inputs; other ranks keep theirs
+            scaled = t * factor
+            work = self.reduce([scaled], _reduce_options(opts.rootRank))
+            return _joined(self._what("reduce"), [work], tensors, after=lambda: t.copy_(scaled) if root else None)
         if self._on_xla("reduce", t):  # an all-reduce whose result only the root keeps
             return self._xla("reduce", "all_reduce", storage.read(t), lambda out: storage.write(t, out) if root else None,
                              tensors, self._fingerprint("reduce", t), op=op)
@@ -301,9 +322,11 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> PjrtWork:
         opts = opts or dist.ReduceScatterOptions()
         name = "reduce_scatter_tensor"
-        op = _reduce_op(opts.reduceOp, name)
+        op, factor = _reduce_op(opts.reduceOp, name)
         _expect(input.numel() == output.numel() * self.size(), self._what(name),
                 f"input has {input.numel()} elements, expected {self.size()} x {output.numel()}")
+        if factor is not None:
+            input = input * factor
         if self._on_xla(name, output, input):
             return self._xla(name, "reduce_scatter", storage.read(input).reshape(-1),
                              lambda out: storage.write(output, out.reshape(tuple(output.shape))), [output],
@@ -322,8 +345,11 @@ class ProcessGroupPjrt(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts=None) -> PjrtWork:
         opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter")
+        op, factor = _reduce_op(opts.reduceOp, "reduce_scatter")
         (out,), (ins,) = outputs, input_lists
+        if factor is not None:
+            ins = [i * factor for i in ins]
+            input_lists = [ins]
         fingerprint = self._fingerprint("reduce_scatter", out)
         if self._on_xla("reduce_scatter", out, *ins) and all(i.shape == out.shape for i in ins):
             stacked = jnp.concatenate([storage.read(i).reshape(-1) for i in ins])
@@ -411,15 +437,21 @@ def _flat(x) -> list:
     return [t for e in x for t in _flat(e)]
 
 
-def _joined(what: str, works: list[PjrtWork], result) -> PjrtWork:
-    """One work for several (coalesced) collectives."""
-    return _Joined(what, works, _flat(result))
+def _joined(what: str, works: list[PjrtWork], result, after=None) -> PjrtWork:
+    """One work for several (coalesced) collectives; `after()` runs once they are all done."""
+    return _Joined(what, works, _flat(result), after)
+
+
+def _reduce_options(root: int) -> dist.ReduceOptions:
+    options = dist.ReduceOptions()
+    options.rootRank = root
+    return options
 
 
 class _Joined(PjrtWork):
-    def __init__(self, what: str, works: list[PjrtWork], result: list):
+    def __init__(self, what: str, works: list[PjrtWork], result: list, after=None):
         super().__init__(what, result)
-        self._works = works
+        self._works, self._after = works, after
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
@@ -427,6 +459,9 @@ class _Joined(PjrtWork):
     def wait(self, timeout=None) -> bool:
         for w in self._works:
             w.wait(timeout)
+        after, self._after = self._after, None
+        if after is not None:
+            after()
         return True
 
 

@@ -1,21 +1,33 @@
-"""Lowerings of the functional collectives (`torch.ops._c10d_functional`) for compiled graphs.
+"""Collectives over a named mesh axis, and the lowerings of the functional collectives
+(`torch.ops._c10d_functional`) built on them.
 
-A compiled graph runs as one `jax.jit` on one device (compiler/interpreter.py), so a
-collective inside it cannot be an XLA collective over other processes' devices: that
-would need the whole graph to run under a multi-process mesh. Here each collective is an
-ordered host callback (`io_callback(ordered=True)`: it runs exactly once, in program
-order, so every rank issues its collectives in the same order) that runs the collective
-on CPU tensors over the graph's process group, i.e. the group's gloo path. The graph stays
-one executable with no graph break; the collective itself is host-staged.
+The per-shard bodies (`BODIES`) are one rank's side of a collective over the mesh axis
+`AXIS`, for code running under `jax.shard_map` on a mesh with one device per group rank.
+Two consumers use them: the process group's eager XLA path (distributed/xla.py runs one
+body per call) and compiled graphs whose collectives all use one pjrt process group
+(compiler/spmd.py traces the whole graph under `shard_map` over that group's mesh and
+marks the group with `over_group`): there each collective node is its body, an XLA
+collective inside the graph's one executable.
+
+Any other compiled graph (collectives over several groups, uneven all_to_all splits, a
+gloo group, symbolic sizes) runs each collective as an ordered host callback
+(`io_callback(ordered=True)`: exactly once, in program order, so every rank issues its
+collectives in the same order) on CPU tensors over the graph's process group: the
+graph stays one executable, the collective itself is host-staged.
 
 Eager calls never come here: c10d's own kernels of these ops call the process group
-(torch_pjrt.distributed), whose XLA path serves pjrt tensors. That is also why this module
-is imported only after the eager kernels are registered (torch_pjrt.distributed.register):
-the eager kernel generator would otherwise register these non-aten ops as aten kernels.
+(torch_pjrt.distributed). That is also why this module is imported only after the eager
+kernels are registered (torch_pjrt.distributed.register): the eager kernel generator
+would otherwise register these non-aten ops as aten kernels.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Callable
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -24,24 +36,137 @@ from jax.experimental import io_callback
 from .registry import lowering
 
 c10d = torch.ops._c10d_functional
+AXIS = "g"
 
+# ---------------------------------------------------------------------------------
+# per-shard bodies: body(n, **params) -> function of this rank's block (n ranks on AXIS)
+# ---------------------------------------------------------------------------------
+REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR")
+# bitwise ReduceOps: XLA has no such all-reduce, so every block is gathered and reduced locally
+_BITWISE = {"BAND": jnp.bitwise_and, "BOR": jnp.bitwise_or, "BXOR": jnp.bitwise_xor}
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def _gathered(x):
+    """Every rank's block stacked on a new leading axis (n, *block)."""
+    return jax.lax.all_gather(x, AXIS, axis=0, tiled=False)
+
+
+def all_reduce_body(n: int, op: str) -> Callable:
+    def body(x):
+        if x.dtype == jnp.bool_:  # torch reduces bools as logical or (SUM, MAX) / and (MIN, PRODUCT)
+            u = x.astype(jnp.uint8)
+            return (jax.lax.pmax(u, AXIS) if op in ("SUM", "MAX", "BOR") else jax.lax.pmin(u, AXIS)).astype(jnp.bool_)
+        if op == "SUM":
+            return jax.lax.psum(x, AXIS)
+        if op == "AVG":
+            return (jax.lax.psum(x, AXIS) / n).astype(x.dtype)
+        if op == "MAX":
+            return jax.lax.pmax(x, AXIS)
+        if op == "MIN":
+            return jax.lax.pmin(x, AXIS)
+        if op == "PRODUCT":  # XLA has no product all-reduce: gather, then multiply in rank order
+            return jnp.prod(_gathered(x), axis=0, dtype=x.dtype)
+        return _BITWISE[op].reduce(_gathered(x), axis=0)
+
+    return body
+
+
+def broadcast_body(n: int, src: int) -> Callable:
+    """psum of the source's block and zeros elsewhere, on the bits (XLA:CPU lacks
+    collective-broadcast): adding zero bits keeps -0.0 and NaN payloads exact."""
+    def body(x):
+        if x.dtype in (jnp.complex64, jnp.complex128):
+            return jax.lax.complex(body(x.real), body(x.imag))
+        bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize]) if x.dtype != jnp.bool_ else x.astype(jnp.uint8)
+        mine = jnp.where(jax.lax.axis_index(AXIS) == src, bits, jnp.zeros_like(bits))
+        total = jax.lax.psum(mine, AXIS)
+        return total.astype(jnp.bool_) if x.dtype == jnp.bool_ else jax.lax.bitcast_convert_type(total, x.dtype)
+
+    return body
+
+
+def all_gather_body(n: int) -> Callable:
+    """Block (c, ...) -> (n*c, ...): every rank's block in rank order."""
+    return lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+
+
+def reduce_scatter_body(n: int, op: str) -> Callable:
+    """Block (n*c, ...) -> (c, ...): chunk r of the reduction over ranks."""
+    reduce = all_reduce_body(n, op)  # for the reductions XLA only offers as all-reduce
+
+    def body(x):
+        if op == "SUM" and x.dtype != jnp.bool_:
+            return jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+        if op == "AVG":
+            return (jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True) / n).astype(x.dtype)
+        chunk = x.shape[0] // n
+        rank = jax.lax.axis_index(AXIS)
+        return jax.lax.dynamic_slice_in_dim(reduce(x), rank * chunk, chunk, axis=0)
+
+    return body
+
+
+def all_to_all_body(n: int) -> Callable:
+    """Block (n*c, ...): chunk j goes to rank j; the result holds chunk r of every rank, in rank order."""
+    return lambda x: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+
+
+BODIES = {"all_reduce": all_reduce_body, "broadcast": broadcast_body, "all_gather": all_gather_body,
+          "reduce_scatter": reduce_scatter_body, "all_to_all": all_to_all_body}
+
+
+# ---------------------------------------------------------------------------------
+# which group the graph being traced runs over (set by compiler/spmd.py while tracing)
+# ---------------------------------------------------------------------------------
+_tracing = threading.local()
+
+
+@contextlib.contextmanager
+def over_group(name: str, size: int):
+    """While tracing under `shard_map` on AXIS over process group `name` (`size` ranks), its
+    functional collectives lower to XLA collectives."""
+    _tracing.group = (name, size)
+    try:
+        yield
+    finally:
+        _tracing.group = None
+
+
+def group_name(group) -> str:
+    """A graph names its group by name (str), or passes the group itself (newer graphs, DTensor)."""
+    return group if isinstance(group, str) else group.group_name
+
+
+def _spmd_size(group) -> int | None:
+    """The group's size when the graph is traced over its mesh, else None (host path)."""
+    current = getattr(_tracing, "group", None)
+    return current[1] if current is not None and current[0] == group_name(group) else None
+
+
+def even_all_to_all(input_rows: int, output_split_sizes, input_split_sizes, size: int) -> bool:
+    """all_to_all_single's XLA form needs equal chunks."""
+    chunk = input_rows // size
+    return all(s == chunk for s in list(output_split_sizes or []) + list(input_split_sizes or [])) \
+        and input_rows % size == 0
+
+
+# ---------------------------------------------------------------------------------
+# host-side collectives on CPU tensors (public torch.distributed API: any group works)
+# ---------------------------------------------------------------------------------
 # torch 2.13 renamed these (the old names warn); torch 2.11 and 2.12 have only the old ones
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-_REDUCE_OPS = {"sum": "SUM", "avg": "AVG", "max": "MAX", "min": "MIN", "product": "PRODUCT",
-               "band": "BAND", "bor": "BOR", "bxor": "BXOR"}
-
 
 def _group(group):
-    """The process group a graph names: by name (str), or the group itself (newer graphs pass it)."""
     if isinstance(group, str):
         return torch._C._distributed_c10d._resolve_process_group(group)
     return group
 
 
 def _reduce_op(name: str):
-    return getattr(dist.ReduceOp, _REDUCE_OPS[name.lower()])
+    return getattr(dist.ReduceOp, name.upper())
 
 
 def _on_host(collective, x, out_shape, *static):
@@ -55,36 +180,33 @@ def _on_host(collective, x, out_shape, *static):
     return io_callback(run, jax.ShapeDtypeStruct(tuple(out_shape), x.dtype), x, ordered=True)
 
 
-# ---------------------------------------------------------------------------------
-# host-side collectives on CPU tensors (public torch.distributed API: any group works)
-# ---------------------------------------------------------------------------------
-def _all_reduce(t, op, group_name):
-    dist.all_reduce(t, _reduce_op(op), group=_group(group_name))
+def _all_reduce(t, op, group):
+    dist.all_reduce(t, _reduce_op(op), group=_group(group))
     return t
 
 
-def _all_gather(t, group_size, group_name):
+def _all_gather(t, group_size, group):
     out = t.new_empty((group_size * t.shape[0],) + tuple(t.shape[1:]))
-    _all_gather_single(out, t.contiguous(), group=_group(group_name))
+    _all_gather_single(out, t.contiguous(), group=_group(group))
     return out
 
 
-def _reduce_scatter(t, op, group_size, group_name):
+def _reduce_scatter(t, op, group_size, group):
     out = t.new_empty((t.shape[0] // group_size,) + tuple(t.shape[1:]))
-    _reduce_scatter_single(out, t.contiguous(), _reduce_op(op), group=_group(group_name))
+    _reduce_scatter_single(out, t.contiguous(), _reduce_op(op), group=_group(group))
     return out
 
 
-def _all_to_all(t, output_split_sizes, input_split_sizes, group_name):
+def _all_to_all(t, output_split_sizes, input_split_sizes, group):
     rows = sum(output_split_sizes) if output_split_sizes else t.shape[0]
     out = t.new_empty((rows,) + tuple(t.shape[1:]))
     dist.all_to_all_single(out, t.contiguous(), list(output_split_sizes) or None, list(input_split_sizes) or None,
-                           group=_group(group_name))
+                           group=_group(group))
     return out
 
 
-def _broadcast(t, src, group_name):
-    group = _group(group_name)
+def _broadcast(t, src, group):
+    group = _group(group)
     dist.broadcast(t, dist.get_global_rank(group, src), group=group)  # src is a group rank
     return t
 
@@ -94,6 +216,9 @@ def _broadcast(t, src, group_name):
 # ---------------------------------------------------------------------------------
 @lowering(c10d.all_reduce.default)
 def all_reduce(input, reduce_op, group_name):
+    n = _spmd_size(group_name)
+    if n is not None:
+        return all_reduce_body(n, reduce_op.upper())(input)
     return _on_host(_all_reduce, input, input.shape, reduce_op, group_name)
 
 
@@ -104,6 +229,8 @@ def all_reduce_coalesced(inputs, reduce_op, group_name):
 
 @lowering(c10d.all_gather_into_tensor.default)
 def all_gather_into_tensor(input, group_size, group_name):
+    if _spmd_size(group_name) is not None:
+        return all_gather_body(group_size)(input)
     shape = (group_size * input.shape[0],) + tuple(input.shape[1:])
     return _on_host(_all_gather, input, shape, group_size, group_name)
 
@@ -115,6 +242,8 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
 
 @lowering(c10d.reduce_scatter_tensor.default)
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
+    if _spmd_size(group_name) is not None:
+        return reduce_scatter_body(group_size, reduce_op.upper())(input)
     shape = (input.shape[0] // group_size,) + tuple(input.shape[1:])
     return _on_host(_reduce_scatter, input, shape, reduce_op, group_size, group_name)
 
@@ -126,6 +255,11 @@ def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
 
 @lowering(c10d.all_to_all_single.default)
 def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
+    n = _spmd_size(group_name)
+    if n is not None and even_all_to_all(input.shape[0], output_split_sizes, input_split_sizes, n):
+        return all_to_all_body(n)(input)
+    if n is not None:  # compiler/spmd.py sends graphs with uneven splits to the host path
+        raise ValueError("all_to_all_single with uneven splits has no XLA form")
     rows = sum(output_split_sizes) if output_split_sizes else input.shape[0]
     shape = (rows,) + tuple(input.shape[1:])
     return _on_host(_all_to_all, input, shape, tuple(output_split_sizes), tuple(input_split_sizes), group_name)
@@ -133,9 +267,12 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
 
 @lowering(c10d.broadcast.default)
 def broadcast(input, src, group_name):
+    n = _spmd_size(group_name)
+    if n is not None:
+        return broadcast_body(n, src)(input)
     return _on_host(_broadcast, input, input.shape, src, group_name)
 
 
 @lowering(c10d.wait_tensor.default)
 def wait_tensor(tensor):
-    return tensor  # the callback finished before its result exists
+    return tensor  # an XLA collective or a host callback: done before its result exists
