@@ -69,6 +69,19 @@ def test_mlp_forward_and_backward_match_cpu():
     assert compile_stats()["executables"] == 2 and compile_stats()["cache_hits"] >= 1
 
 
+def test_tensor_constants_created_in_the_model():
+    """torch.tensor(...) inside forward is a CPU graph constant, read while AOTAutograd's fake mode is active."""
+    def f(x):
+        return (x * torch.tensor(2.0) + torch.tensor([1.0, 2.0, 3.0], device=x.device)).sum()
+
+    x = torch.randn(3)
+    mine = x.to("pjrt").requires_grad_(True)
+    out = torch.compile(f, backend="pjrt", fullgraph=True)(mine)
+    close(out, f(x))
+    out.backward()
+    close(mine.grad, torch.full((3,), 2.0))
+
+
 def test_inference_graph_under_no_grad():
     ref = mlp()
     compiled = torch.compile(to_pjrt(ref), backend="pjrt")

@@ -72,3 +72,38 @@ def test_compiled_functional_collectives_are_one_graph(group):
     out = torch.compile(f, backend="pjrt", fullgraph=True)(x)
     assert torch.equal(out.cpu(), torch.arange(4.0) * 2 + 1)
     assert torch_pjrt.compile_stats()["graphs"] == before + 1
+    assert torch_pjrt.compile_stats()["collective_graphs"][-1]["path"] == "xla"
+
+
+def test_spmd_graph_keeps_every_graph_feature(group):
+    """A compiled training step with a collective runs as an SPMD program: random ops (seeds),
+    a graph constant, a mutated buffer, a view input, 0-d outputs and the backward graph
+    all behave as the same step compiled without the collective (a world of one: the sum
+    over one rank is the identity)."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 4)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x, reduce: bool):
+            self.calls.add_(1)
+            h = torch.nn.functional.dropout(self.lin(x), 0.5, training=True)
+            if reduce:
+                h = fc.all_reduce(h, "sum", group)
+            return (h * torch.tensor(2.0)).square().mean(), h.sum()
+
+    results = {}
+    for reduce in (True, False):
+        torch.manual_seed(0)
+        net = Net().to("pjrt")
+        x = torch.randn(6, 8, device="pjrt").t()  # a transposed view as input
+        torch.pjrt.manual_seed(1)
+        step = torch.compile(net, backend="pjrt", fullgraph=True)
+        loss, total = step(x, reduce)
+        loss.backward()
+        results[reduce] = [loss.cpu(), total.cpu(), net.lin.weight.grad.cpu(), net.calls.cpu()]
+    assert [g["path"] for g in torch_pjrt.compile_stats()["collective_graphs"][-2:]] == ["xla", "xla"]
+    assert results[True][0].shape == () and int(results[True][3]) == 1
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want)

@@ -331,7 +331,10 @@ def _constant(t, device: int):
     if isinstance(t, torch.Tensor):
         if t.device.type == "pjrt":
             return storage.read(t)
-        return jax.device_put(storage.to_numpy(t), platform.device(device))
+        # AOTAutograd calls the compiler under its fake mode; a real constant (torch.tensor(2.0)
+        # in the model) must be read as the real tensor it is
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            return jax.device_put(storage.to_numpy(t), platform.device(device))
     return t
 
 
