@@ -63,6 +63,7 @@ def test_collectives_host_path():
 def test_subgroups_and_device_mesh():
     values = expect_success(launch("subgroups", 4, timeout=240))
     assert values[1]["subgroup_path"] == values[3]["subgroup_path"] == "xla"
+    assert all(v["compiled_2d_path"] == "xla" for v in values)
 
 
 @pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])

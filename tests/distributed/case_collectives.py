@@ -236,4 +236,18 @@ def subgroups() -> dict:
         got = fc.all_reduce(x, "sum", mesh[dim].get_group()).wait()
         peers = mesh[dim].mesh.flatten().tolist()  # the global ranks in this rank's sub-mesh
         check_equal(f"functional all_reduce over mesh dim {dim}", got, sum(everyone[r] for r in peers))
-    return {"subgroup_path": ("xla" if odd.mesh is not None else "host") if rank in (1, 3) else None}
+
+    # one compiled graph with collectives over both mesh dimensions: an SPMD program on the 2-D mesh
+    dp, tp = mesh["dp"].get_group(), mesh["tp"].get_group()
+
+    def two_d(x):
+        y = fc.all_reduce(x * 2, "sum", tp)
+        z = fc.all_gather_tensor(y + rank, 0, dp)
+        return fc.reduce_scatter_tensor(z, "max", 0, tp), fc.all_reduce(z.sum(), "sum", dp)
+
+    import torch_pjrt
+
+    check_equal("compiled collectives over two mesh dimensions", torch.compile(two_d, backend="pjrt")(x),
+                [t.cpu() for t in two_d(x)])  # eager pjrt, itself checked against gloo above
+    return {"subgroup_path": ("xla" if odd.mesh is not None else "host") if rank in (1, 3) else None,
+            "compiled_2d_path": torch_pjrt.compile_stats()["collective_graphs"][-1]["path"]}

@@ -188,9 +188,9 @@ class CompiledGraph:
         self.executables = 0
         # symbolic sizes: padded per bucket (or per exact size when the graph is not paddable)
         self.dynamic = dynamic.DynamicPlan(self, example_inputs, config.buckets) if self.int_inputs else None
-        # collectives over one pjrt process group: the graph runs as one SPMD program on its mesh
-        group = spmd.plan(program, example_inputs, dynamic=self.dynamic is not None)
-        self.spmd = spmd.SpmdGraph(self, group) if group is not None else None
+        # collectives over pjrt process groups: the graph runs as one SPMD program on their mesh
+        layout = spmd.plan(program, example_inputs, dynamic=self.dynamic is not None)
+        self.spmd = spmd.SpmdGraph(self, layout) if layout is not None else None
         # compile now, for the example inputs' shapes: errors surface at torch.compile time
         specs = [self._spec(x) for x in example_inputs]
         if self.spmd is not None:

@@ -1,32 +1,36 @@
-"""Compiled graphs whose collectives run over one pjrt process group, as one SPMD program.
+"""Compiled graphs whose collectives run over pjrt process groups, as one SPMD program.
 
 A graph Dynamo captures on one rank holds that rank's functional collectives
-(`_c10d_functional.all_reduce`, ...). When they all use one process group that has an
-XLA path (torch_pjrt.distributed: a mesh of one device per group rank), the graph runs as
-`jax.jit(shard_map(graph))` on that mesh: each rank's inputs are its shards of global
-arrays laid out along dimension 0 (no copy), the graph's ops run on the local blocks
-exactly as on one device, and each collective node lowers to an XLA collective on the
-mesh axis (ops.collectives.over_group). The graph stays one executable, and its
-collectives are XLA's own (NCCL on GPUs, gloo on the CPU platform), scheduled by XLA
-together with the compute around them.
+(`_c10d_functional.all_reduce`, ...). When their process groups have an XLA path
+(torch_pjrt.distributed: one device per rank) and one mesh spans them, one group per mesh
+axis (a single group; or several evenly spaced groups that form a grid of ranks, as a
+DeviceMesh's dimensions do), the graph runs as `jax.jit(shard_map(graph))` on that mesh:
+each rank's inputs are its shards of global arrays laid out along dimension 0 (no copy),
+the graph's ops run on the local blocks exactly as on one device, and each collective
+node lowers to an XLA collective on its group's mesh axis (ops.collectives.over_groups).
+The graph stays one executable, and its collectives are XLA's own (NCCL on GPUs, gloo on
+the CPU platform), scheduled by XLA together with the compute around them.
 
 As on the eager XLA path, a call runs on the collectives' dispatcher thread and is waited
 for with the group's timeout, so a dead peer raises CollectiveError instead of hanging,
-and the program first all-gathers a fingerprint of the graph (its code and input shapes):
-ranks running different graphs skip them together and raise instead of exchanging
-mismatched buffers (TORCH_PJRT_COLLECTIVE_CHECKS=0 turns the check off).
+and the program first all-gathers a fingerprint of the graph's collectives (each one's op,
+mesh axis, shapes, dtypes and parameters, in program order; the rest of the graph may
+differ between ranks, e.g. in rank-dependent constants): ranks whose collectives differ
+skip the graph together and raise instead of exchanging mismatched buffers
+(TORCH_PJRT_COLLECTIVE_CHECKS=0 turns the check off).
 
-Other graphs with collectives keep the host path of ops/collectives.py: collectives over
-several groups, uneven all_to_all splits, groups without an XLA path, symbolic sizes.
+Other graphs with collectives keep the host path of ops/collectives.py: groups no mesh
+spans, groups without an XLA path, uneven all_to_all splits, symbolic sizes.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
+from typing import NamedTuple
 
 import jax
-import numpy as np
 import torch
-from jax.sharding import PartitionSpec
+import torch.distributed as dist
 
 from .. import storage
 from ..ops import collectives
@@ -37,46 +41,107 @@ from .interpreter import OTHER, PJRT, GraphProgram, signature
 c10d = torch.ops._c10d_functional
 
 
-def plan(program: GraphProgram, example_inputs, dynamic: bool):
-    """The one pjrt process group every collective of the graph uses, when the graph can run
-    as an SPMD program over its mesh; None otherwise (no collectives, or the host path).
-    Records the path taken in compile_stats()["collective_graphs"]."""
+class Layout(NamedTuple):
+    """Where an SPMD graph runs: a mesh of one device per rank of the grid its groups span."""
+    mesh: object  # distributed.xla.GroupMesh
+    axes: dict  # group name -> (mesh axis, group size)
+    ranks: list  # global ranks in mesh order
+    group: object  # the ProcessGroupPjrt whose dispatcher thread and timeout run the calls
+    collectives: int  # a digest of the graph's collectives (op, axis, shapes, dtypes, parameters) in order
+
+
+def plan(program: GraphProgram, example_inputs, dynamic: bool) -> Layout | None:
+    """Where the graph's collectives can run as XLA collectives of one SPMD program; None
+    when the graph has no collectives or keeps the host path. Records the path taken in
+    compile_stats()["collective_graphs"]."""
     nodes = [n for n in program.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
              and n.target.namespace == "_c10d_functional" and n.target is not c10d.wait_tensor.default]
     if not nodes:
         return None
-    group, why = (None, "symbolic sizes") if dynamic else _one_group(nodes, dict(zip(program.placeholders, example_inputs)))
-    stats.append("collective_graphs", {"graph": program.name, "path": "xla" if group is not None else "host",
+    placeholder_values = dict(zip(program.placeholders, example_inputs))
+    layout, why = (None, "symbolic sizes") if dynamic else _layout(nodes, placeholder_values)
+    if layout is not None:
+        layout = layout._replace(collectives=_digest(repr([_describe(n, layout.axes, placeholder_values) for n in nodes])))
+    stats.append("collective_graphs", {"graph": program.name, "path": "xla" if layout is not None else "host",
                                        "collectives": len(nodes), **({"why": why} if why else {})})
-    return group
+    return layout
 
 
-def _one_group(nodes, placeholder_values) -> tuple:
-    """(the pjrt group, None) or (None, why the collectives stay host callbacks)."""
-    names = set()
+def _layout(nodes, placeholder_values) -> tuple:
+    """(the Layout, None) or (None, why the collectives stay host callbacks)."""
+    groups = {}
     for node in nodes:
-        sig = Signature.of(node.target)
-        values = dict(zip(sig.names, sig.bind(tuple(node.args), dict(node.kwargs))))
-        group = values.get("group_name")
-        if isinstance(group, torch.fx.Node):  # DTensor passes the group as a graph input
-            group = getattr(placeholder_values.get(group), "real_obj", None)
-        if group is None:
+        values = _arguments(node)
+        name = _group_name(values.get("group_name"), placeholder_values)
+        if name is None:
             return None, "a collective's group is not known at compile time"
-        names.add(collectives.group_name(group))
+        groups[name] = _resolve(name)
+        if groups[name] is None or groups[name].mesh is None:
+            return None, f"process group '{name}' has no XLA path (not a pjrt group, or JAX's multi-process runtime is off)"
         if node.target is c10d.all_to_all_single.default:
-            rows, size = node.args[0].meta["val"].shape[0], _group_size(group)
-            if not collectives.even_all_to_all(rows, values["output_split_sizes"], values["input_split_sizes"], size):
+            rows = node.args[0].meta["val"].shape[0]
+            if not collectives.even_all_to_all(rows, values["output_split_sizes"], values["input_split_sizes"],
+                                               groups[name].size()):
                 return None, "all_to_all_single with uneven splits"
-    if len(names) != 1:
-        return None, f"collectives over {len(names)} process groups"
-    group = _resolve(names.pop())
-    if group is None or group.mesh is None:
-        return None, "the process group has no XLA path (not a pjrt group, or JAX's multi-process runtime is off)"
-    return group, None
+    if len(groups) == 1:
+        ((name, group),) = groups.items()
+        return Layout(group.mesh, {name: (collectives.AXIS, group.size())}, group.global_ranks, group, 0), None
+    return _grid(groups)
 
 
-def _group_size(group) -> int:
-    return torch._C._distributed_c10d._resolve_process_group(group).size() if isinstance(group, str) else group.size()
+def _grid(groups: dict) -> tuple:
+    """Several groups: one mesh axis per group, when each group's ranks are evenly spaced and
+    together they span a grid of ranks (as a DeviceMesh's dimensions do)."""
+    from ..distributed.xla import GroupMesh
+
+    world = _resolve(dist.group.WORLD.group_name)
+    if world is None or world.mesh is None:
+        return None, "collectives over several groups need the default group to be a pjrt group with an XLA path"
+    lines = []  # (stride, size, name, this rank's position)
+    for name, group in groups.items():
+        ranks = group.global_ranks
+        stride = ranks[1] - ranks[0] if len(ranks) > 1 else 0
+        if stride < 0 or any(b - a != stride for a, b in zip(ranks, ranks[1:])):
+            return None, f"process group '{name}' has unevenly spaced ranks {ranks}"
+        lines.append((stride, len(ranks), name, group.rank()))
+    lines.sort(key=lambda line: -line[0])  # row-major: the largest stride first
+    me = world.rank()
+    origin = me - sum(stride * position for stride, _, _, position in lines)
+    grid = [origin + sum(line[0] * i for line, i in zip(lines, index))
+            for index in itertools.product(*(range(size) for _, size, _, _ in lines))]
+    if len(set(grid)) != len(grid) or not all(0 <= r < world.size() for r in grid):
+        return None, f"process groups {sorted(groups)} do not span a grid of ranks"
+    devices = list(world.mesh.mesh.devices.flat)
+    axes = tuple(f"g{k}" for k in range(len(lines)))
+    mesh = GroupMesh([devices[r] for r in grid], grid.index(me), tuple(size for _, size, _, _ in lines), axes)
+    return Layout(mesh, {name: (axis, size) for (_, size, name, _), axis in zip(lines, axes)}, grid, world, 0), None
+
+
+def _arguments(node) -> dict:
+    sig = Signature.of(node.target)
+    return dict(zip(sig.names, sig.bind(tuple(node.args), dict(node.kwargs))))
+
+
+def _group_name(group, placeholder_values) -> str | None:
+    if isinstance(group, torch.fx.Node):  # DTensor passes the group as a graph input
+        group = getattr(placeholder_values.get(group), "real_obj", None)
+    return None if group is None else collectives.group_name(group)
+
+
+def _describe(node, axes: dict, placeholder_values) -> tuple:
+    """What every rank's collective must share: op, mesh axis (group names differ between the
+    groups of one mesh dimension), tensor shapes and dtypes, other parameters."""
+    def value(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(value(e) for e in v)
+        if isinstance(v, torch.fx.Node):
+            val = v.meta.get("val")
+            return (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else None
+        return v
+
+    values = _arguments(node)
+    values["group_name"] = axes[_group_name(values["group_name"], placeholder_values)][0]
+    return (str(node.target),) + tuple(value(v) for v in values.values())
 
 
 def _resolve(name: str):
@@ -87,16 +152,17 @@ def _resolve(name: str):
 
 
 class SpmdGraph:
-    """How a CompiledGraph runs when `collective_group` found its group."""
+    """How a CompiledGraph runs when `plan` found a layout for its collectives."""
 
-    def __init__(self, compiled, group):
-        self.compiled, self.group, self.mesh = compiled, group, group.mesh
+    def __init__(self, compiled, layout: Layout):
+        self.compiled, self.layout, self.mesh = compiled, layout, layout.mesh
         self.program: GraphProgram = compiled.program
         self.name = self.program.name
         self.static = tuple(i for i, k in enumerate(compiled.kinds) if k == OTHER)  # process groups
         self.constants = [self._global(c) for c in self.program.constants]
         self.scalar_constants = tuple(i for i, c in enumerate(self.program.constants) if c.ndim == 0)
-        self.code = _digest(self.program.gm.code) if group.checks and group.size() > 1 else None
+        checked = layout.group.checks and self.mesh.size > 1
+        self.fingerprint = (layout.collectives,) if checked else None
         self.scalar_outputs: dict = {}  # input signature -> (0-d outputs, 0-d mutated inputs)
         static_argnums = (0, 1) + tuple(4 + i for i in self.static)
         self.jit = jax.jit(self._program, static_argnums=static_argnums)
@@ -105,14 +171,13 @@ class SpmdGraph:
     def _program(self, scalar_inputs: tuple, fingerprint: tuple | None, seeds, constants, *inputs):
         """(scalar input positions, fingerprint: static; global arrays) -> global arrays."""
         arrays = [x for i, x in enumerate(inputs) if i not in self.static]
-        group, n = self.group.group_name, self.mesh.size
 
         def body(seeds, constants, arrays):
             local = iter(arrays)
             full = [x if i in self.static else next(local) for i, x in enumerate(inputs)]
             full = [x.reshape(()) if i in scalar_inputs else x for i, x in enumerate(full)]
             constants = [c.reshape(()) if i in self.scalar_constants else c for i, c in enumerate(constants)]
-            with collectives.over_group(group, n):
+            with collectives.over_groups(self.layout.axes):
                 outputs, new_values = self.program.function(seeds, constants, *full)
             self.scalar_outputs[signature(full)] = (tuple(o.ndim == 0 for o in outputs),
                                                     tuple(v.ndim == 0 for v in new_values))
@@ -121,8 +186,8 @@ class SpmdGraph:
         if fingerprint is not None:
             from ..distributed.xla import agreed
 
-            body = agreed(body, fingerprint)
-        spec = PartitionSpec(collectives.AXIS)
+            body = agreed(body, fingerprint, self.mesh.axes)
+        spec = self.mesh.spec
         return jax.shard_map(body, mesh=self.mesh.mesh, in_specs=spec, out_specs=spec, check_vma=False)(
             seeds, constants, arrays)
 
@@ -140,15 +205,8 @@ class SpmdGraph:
 
         scalars = tuple(i for i, s in enumerate(specs) if isinstance(s, jax.ShapeDtypeStruct) and not s.shape)
         seeds = spec(self.compiled._seed_spec())
-        fingerprint = self._fingerprint(specs)
-        self.compiled._trace(lambda: self.jit.trace(scalars, fingerprint, seeds, self.constants, *map(spec, specs)))
-
-    def _fingerprint(self, inputs) -> tuple | None:
-        if self.code is None:
-            return None
-        shapes = _digest(repr([(tuple(x.shape), str(x.dtype)) for x in inputs
-                               if isinstance(x, (jax.Array, jax.ShapeDtypeStruct))]))
-        return (self.code, shapes)
+        self.compiled._trace(lambda: self.jit.trace(scalars, self.fingerprint, seeds, self.constants,
+                                                    *map(spec, specs)))
 
     def call(self, tensors: list):
         compiled = self.compiled
@@ -160,7 +218,7 @@ class SpmdGraph:
         seeds = compiled._seeds()
         seeds = self._global(jax.device_put(seeds, self.mesh.device)) if seeds is not None else None
         arrays = [self._global(x) for x in inputs]
-        fingerprint = self._fingerprint(inputs)
+        fingerprint = self.fingerprint
 
         def run():
             with stats.building(self.name):
@@ -168,7 +226,7 @@ class SpmdGraph:
 
         stats.add("calls")
         before = stats.marker()
-        result = self.group.run_compiled(self.name, run)
+        result = self.layout.group.run_compiled(self.name, run)
         if stats.marker() != before:
             compiled._count_executable(compiled._why_new(inputs, self.jit))
         if fingerprint is not None:
@@ -181,17 +239,17 @@ class SpmdGraph:
         return compiled._finish(tensors, outputs, new_values, inputs)
 
     def _check(self, fingerprint: tuple, everyone) -> None:
-        from ..distributed.xla import fingerprints
         from ..distributed.work import CollectiveError
+        from ..distributed.xla import fingerprints
 
-        codes = fingerprints(everyone)
-        differ = [self.group.global_ranks[r] for r, c in enumerate(codes) if tuple(c) != fingerprint]
+        ranks = self.layout.ranks
+        differ = [ranks[r] for r, code in enumerate(fingerprints(everyone)) if tuple(code) != fingerprint]
         if differ:
+            groups = ", ".join(f"'{name}'" for name in self.layout.axes)
             raise CollectiveError(
-                f"pjrt: compiled graph '{self.name}' with collectives on process group '{self.group.group_name}' "
-                f"(global ranks {self.group.global_ranks}): ranks {differ} ran another graph or other input shapes "
-                f"than this rank (global rank {self.group.global_ranks[self.group.rank()]}); every rank of the group "
-                f"must run the same compiled graph on inputs of the same shapes")
+                f"pjrt: compiled graph '{self.name}' with collectives on process group(s) {groups} (global ranks "
+                f"{ranks}): ranks {differ} ran other collectives (ops, shapes or dtypes) than this rank (global rank "
+                f"{ranks[self.mesh.rank]}); every rank must issue the same collectives in the same order")
 
 
 def _blocked(x):

@@ -20,13 +20,16 @@ from ..ops.collectives import AXIS, BODIES
 
 
 class GroupMesh:
-    """The mesh of one process group: device `devices[r]` belongs to group rank r."""
+    """A mesh of one device per rank: `devices[r]` belongs to rank r (of a process group, or
+    of a grid of ranks several groups span: `shape` and `axes` lay the devices out, row-major)."""
 
-    def __init__(self, devices: list, rank: int):
+    def __init__(self, devices: list, rank: int, shape: tuple | None = None, axes: tuple = (AXIS,)):
         self.size, self.rank = len(devices), rank
         self.device = devices[rank]
-        self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
-        self.sharding = NamedSharding(self.mesh, PartitionSpec(AXIS))
+        self.axes = axes
+        self.mesh = Mesh(np.array(devices, dtype=object).reshape(shape or (len(devices),)), axes)
+        self.spec = PartitionSpec(axes if len(axes) > 1 else axes[0])  # blocks in rank order along dimension 0
+        self.sharding = NamedSharding(self.mesh, self.spec)
         self._programs: dict = {}
 
     def to_global(self, x: jax.Array) -> jax.Array:
@@ -52,10 +55,10 @@ class GroupMesh:
         program = self._programs.get(key)
         if program is None:
             body = BODIES[name](self.size, **params)
-            specs = PartitionSpec(AXIS)
+            specs = self.spec
             if fingerprint is not None:
                 body, specs = agreed(body, fingerprint), (specs, specs)
-            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=PartitionSpec(AXIS), out_specs=specs,
+            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=specs,
                                             check_vma=False))
             self._programs[key] = program
         out = program(self.to_global(block))
@@ -67,16 +70,16 @@ class GroupMesh:
         return (out.reshape(()) if scalar else out), everyone
 
 
-def agreed(body: Callable, fingerprint: tuple) -> Callable:
-    """`body` (any pytree of arrays in and out, traced under shard_map on AXIS) run only
-    when every rank passes the same `fingerprint` (a tuple of ints); also returns every
+def agreed(body: Callable, fingerprint: tuple, axes: tuple = (AXIS,)) -> Callable:
+    """`body` (any pytree of arrays in and out, traced under shard_map over mesh `axes`) run
+    only when every rank passes the same `fingerprint` (a tuple of ints); also returns every
     rank's fingerprint as a (1, ranks, len) block. Ranks whose calls differ skip the body
     together (zeros come out) instead of exchanging mismatched buffers."""
     code = np.array(fingerprint, dtype=np.int64)
 
     def checked(*args):
         mine = jnp.asarray(code)
-        everyone = jax.lax.all_gather(mine, AXIS)  # (ranks, len(fingerprint)), the same on every rank
+        everyone = jax.lax.all_gather(mine, axes)  # (ranks, len(fingerprint)), the same on every rank
         agree = jnp.all(everyone == mine[None])
         skipped = jax.eval_shape(body, *args)
         out = jax.lax.cond(agree, lambda: body(*args),

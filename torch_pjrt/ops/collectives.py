@@ -1,16 +1,17 @@
 """Collectives over a named mesh axis, and the lowerings of the functional collectives
 (`torch.ops._c10d_functional`) built on them.
 
-The per-shard bodies (`BODIES`) are one rank's side of a collective over the mesh axis
-`AXIS`, for code running under `jax.shard_map` on a mesh with one device per group rank.
-Two consumers use them: the process group's eager XLA path (distributed/xla.py runs one
-body per call) and compiled graphs whose collectives all use one pjrt process group
-(compiler/spmd.py traces the whole graph under `shard_map` over that group's mesh and
-marks the group with `over_group`): there each collective node is its body, an XLA
-collective inside the graph's one executable.
+The per-shard bodies (`BODIES`) are one rank's side of a collective over a mesh axis
+(`AXIS` unless told), for code running under `jax.shard_map` on a mesh with one device
+per rank. Two consumers use them: the process group's eager XLA path (distributed/xla.py
+runs one body per call) and compiled graphs whose collectives run over pjrt process
+groups that one mesh spans, one group per mesh axis (compiler/spmd.py traces the whole
+graph under `shard_map` on that mesh and names each group's axis with `over_groups`):
+there each collective node is its body, an XLA collective inside the graph's one
+executable.
 
-Any other compiled graph (collectives over several groups, uneven all_to_all splits, a
-gloo group, symbolic sizes) runs each collective as an ordered host callback
+Any other compiled graph (uneven all_to_all splits, groups no mesh spans, gloo groups,
+symbolic sizes) runs each collective as an ordered host callback
 (`io_callback(ordered=True)`: exactly once, in program order, so every rank issues its
 collectives in the same order) on CPU tensors over the graph's process group: the
 graph stays one executable, the collective itself is host-staged.
@@ -47,69 +48,69 @@ _BITWISE = {"BAND": jnp.bitwise_and, "BOR": jnp.bitwise_or, "BXOR": jnp.bitwise_
 _UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
-def _gathered(x):
+def _gathered(x, axis: str):
     """Every rank's block stacked on a new leading axis (n, *block)."""
-    return jax.lax.all_gather(x, AXIS, axis=0, tiled=False)
+    return jax.lax.all_gather(x, axis, axis=0, tiled=False)
 
 
-def all_reduce_body(n: int, op: str) -> Callable:
+def all_reduce_body(n: int, op: str, axis: str = AXIS) -> Callable:
     def body(x):
         if x.dtype == jnp.bool_:  # torch reduces bools as logical or (SUM, MAX) / and (MIN, PRODUCT)
             u = x.astype(jnp.uint8)
-            return (jax.lax.pmax(u, AXIS) if op in ("SUM", "MAX", "BOR") else jax.lax.pmin(u, AXIS)).astype(jnp.bool_)
+            return (jax.lax.pmax(u, axis) if op in ("SUM", "MAX", "BOR") else jax.lax.pmin(u, axis)).astype(jnp.bool_)
         if op == "SUM":
-            return jax.lax.psum(x, AXIS)
+            return jax.lax.psum(x, axis)
         if op == "AVG":
-            return (jax.lax.psum(x, AXIS) / n).astype(x.dtype)
+            return (jax.lax.psum(x, axis) / n).astype(x.dtype)
         if op == "MAX":
-            return jax.lax.pmax(x, AXIS)
+            return jax.lax.pmax(x, axis)
         if op == "MIN":
-            return jax.lax.pmin(x, AXIS)
+            return jax.lax.pmin(x, axis)
         if op == "PRODUCT":  # XLA has no product all-reduce: gather, then multiply in rank order
-            return jnp.prod(_gathered(x), axis=0, dtype=x.dtype)
-        return _BITWISE[op].reduce(_gathered(x), axis=0)
+            return jnp.prod(_gathered(x, axis), axis=0, dtype=x.dtype)
+        return _BITWISE[op].reduce(_gathered(x, axis), axis=0)
 
     return body
 
 
-def broadcast_body(n: int, src: int) -> Callable:
+def broadcast_body(n: int, src: int, axis: str = AXIS) -> Callable:
     """psum of the source's block and zeros elsewhere, on the bits (XLA:CPU lacks
     collective-broadcast): adding zero bits keeps -0.0 and NaN payloads exact."""
     def body(x):
         if x.dtype in (jnp.complex64, jnp.complex128):
             return jax.lax.complex(body(x.real), body(x.imag))
         bits = jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize]) if x.dtype != jnp.bool_ else x.astype(jnp.uint8)
-        mine = jnp.where(jax.lax.axis_index(AXIS) == src, bits, jnp.zeros_like(bits))
-        total = jax.lax.psum(mine, AXIS)
+        mine = jnp.where(jax.lax.axis_index(axis) == src, bits, jnp.zeros_like(bits))
+        total = jax.lax.psum(mine, axis)
         return total.astype(jnp.bool_) if x.dtype == jnp.bool_ else jax.lax.bitcast_convert_type(total, x.dtype)
 
     return body
 
 
-def all_gather_body(n: int) -> Callable:
+def all_gather_body(n: int, axis: str = AXIS) -> Callable:
     """Block (c, ...) -> (n*c, ...): every rank's block in rank order."""
-    return lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+    return lambda x: jax.lax.all_gather(x, axis, axis=0, tiled=True)
 
 
-def reduce_scatter_body(n: int, op: str) -> Callable:
+def reduce_scatter_body(n: int, op: str, axis: str = AXIS) -> Callable:
     """Block (n*c, ...) -> (c, ...): chunk r of the reduction over ranks."""
-    reduce = all_reduce_body(n, op)  # for the reductions XLA only offers as all-reduce
+    reduce = all_reduce_body(n, op, axis)  # for the reductions XLA only offers as all-reduce
 
     def body(x):
         if op == "SUM" and x.dtype != jnp.bool_:
-            return jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+            return jax.lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True)
         if op == "AVG":
-            return (jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True) / n).astype(x.dtype)
+            return (jax.lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True) / n).astype(x.dtype)
         chunk = x.shape[0] // n
-        rank = jax.lax.axis_index(AXIS)
+        rank = jax.lax.axis_index(axis)
         return jax.lax.dynamic_slice_in_dim(reduce(x), rank * chunk, chunk, axis=0)
 
     return body
 
 
-def all_to_all_body(n: int) -> Callable:
+def all_to_all_body(n: int, axis: str = AXIS) -> Callable:
     """Block (n*c, ...): chunk j goes to rank j; the result holds chunk r of every rank, in rank order."""
-    return lambda x: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+    return lambda x: jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
 
 
 BODIES = {"all_reduce": all_reduce_body, "broadcast": broadcast_body, "all_gather": all_gather_body,
@@ -117,20 +118,20 @@ BODIES = {"all_reduce": all_reduce_body, "broadcast": broadcast_body, "all_gathe
 
 
 # ---------------------------------------------------------------------------------
-# which group the graph being traced runs over (set by compiler/spmd.py while tracing)
+# which groups the graph being traced runs over (set by compiler/spmd.py while tracing)
 # ---------------------------------------------------------------------------------
 _tracing = threading.local()
 
 
 @contextlib.contextmanager
-def over_group(name: str, size: int):
-    """While tracing under `shard_map` on AXIS over process group `name` (`size` ranks), its
-    functional collectives lower to XLA collectives."""
-    _tracing.group = (name, size)
+def over_groups(axes: dict):
+    """While tracing under `shard_map` on a mesh where process group `name` spans mesh axis
+    `axes[name] = (axis, size)`, that group's functional collectives lower to XLA collectives."""
+    _tracing.axes = axes
     try:
         yield
     finally:
-        _tracing.group = None
+        _tracing.axes = None
 
 
 def group_name(group) -> str:
@@ -138,10 +139,10 @@ def group_name(group) -> str:
     return group if isinstance(group, str) else group.group_name
 
 
-def _spmd_size(group) -> int | None:
-    """The group's size when the graph is traced over its mesh, else None (host path)."""
-    current = getattr(_tracing, "group", None)
-    return current[1] if current is not None and current[0] == group_name(group) else None
+def _spmd_axis(group) -> tuple[str, int] | None:
+    """(mesh axis, size) when the graph is traced over a mesh the group spans, else None (host path)."""
+    axes = getattr(_tracing, "axes", None)
+    return axes.get(group_name(group)) if axes else None
 
 
 def even_all_to_all(input_rows: int, output_split_sizes, input_split_sizes, size: int) -> bool:
@@ -216,9 +217,10 @@ def _broadcast(t, src, group):
 # ---------------------------------------------------------------------------------
 @lowering(c10d.all_reduce.default)
 def all_reduce(input, reduce_op, group_name):
-    n = _spmd_size(group_name)
-    if n is not None:
-        return all_reduce_body(n, reduce_op.upper())(input)
+    spmd = _spmd_axis(group_name)
+    if spmd is not None:
+        axis, n = spmd
+        return all_reduce_body(n, reduce_op.upper(), axis)(input)
     return _on_host(_all_reduce, input, input.shape, reduce_op, group_name)
 
 
@@ -229,8 +231,9 @@ def all_reduce_coalesced(inputs, reduce_op, group_name):
 
 @lowering(c10d.all_gather_into_tensor.default)
 def all_gather_into_tensor(input, group_size, group_name):
-    if _spmd_size(group_name) is not None:
-        return all_gather_body(group_size)(input)
+    spmd = _spmd_axis(group_name)
+    if spmd is not None:
+        return all_gather_body(group_size, spmd[0])(input)
     shape = (group_size * input.shape[0],) + tuple(input.shape[1:])
     return _on_host(_all_gather, input, shape, group_size, group_name)
 
@@ -242,8 +245,9 @@ def all_gather_into_tensor_coalesced(inputs, group_size, group_name):
 
 @lowering(c10d.reduce_scatter_tensor.default)
 def reduce_scatter_tensor(input, reduce_op, group_size, group_name):
-    if _spmd_size(group_name) is not None:
-        return reduce_scatter_body(group_size, reduce_op.upper())(input)
+    spmd = _spmd_axis(group_name)
+    if spmd is not None:
+        return reduce_scatter_body(group_size, reduce_op.upper(), spmd[0])(input)
     shape = (input.shape[0] // group_size,) + tuple(input.shape[1:])
     return _on_host(_reduce_scatter, input, shape, reduce_op, group_size, group_name)
 
@@ -255,10 +259,10 @@ def reduce_scatter_tensor_coalesced(inputs, reduce_op, group_size, group_name):
 
 @lowering(c10d.all_to_all_single.default)
 def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
-    n = _spmd_size(group_name)
-    if n is not None and even_all_to_all(input.shape[0], output_split_sizes, input_split_sizes, n):
-        return all_to_all_body(n)(input)
-    if n is not None:  # compiler/spmd.py sends graphs with uneven splits to the host path
+    spmd = _spmd_axis(group_name)
+    if spmd is not None and even_all_to_all(input.shape[0], output_split_sizes, input_split_sizes, spmd[1]):
+        return all_to_all_body(spmd[1], spmd[0])(input)
+    if spmd is not None:  # compiler/spmd.py sends graphs with uneven splits to the host path
         raise ValueError("all_to_all_single with uneven splits has no XLA form")
     rows = sum(output_split_sizes) if output_split_sizes else input.shape[0]
     shape = (rows,) + tuple(input.shape[1:])
@@ -267,9 +271,10 @@ def all_to_all_single(input, output_split_sizes, input_split_sizes, group_name):
 
 @lowering(c10d.broadcast.default)
 def broadcast(input, src, group_name):
-    n = _spmd_size(group_name)
-    if n is not None:
-        return broadcast_body(n, src)(input)
+    spmd = _spmd_axis(group_name)
+    if spmd is not None:
+        axis, n = spmd
+        return broadcast_body(n, src, axis)(input)
     return _on_host(_broadcast, input, input.shape, src, group_name)
 
 
