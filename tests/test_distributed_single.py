@@ -107,3 +107,9 @@ def test_spmd_graph_keeps_every_graph_feature(group):
     assert results[True][0].shape == () and int(results[True][3]) == 1
     for got, want in zip(results[True], results[False]):
         torch.testing.assert_close(got, want)
+
+
+def test_compiled_collectives_on_another_device_name_both(group):
+    f = torch.compile(lambda x: fc.all_reduce(x, "sum", group), backend="pjrt")
+    with pytest.raises(Exception, match=r"runs on pjrt:1, but its collectives' process group uses pjrt:0"):
+        f(torch.ones(2, device="pjrt:1"))

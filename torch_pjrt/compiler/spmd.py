@@ -36,7 +36,7 @@ from .. import storage
 from ..ops import collectives
 from ..ops.signature import Signature
 from . import stats
-from .interpreter import OTHER, PJRT, GraphProgram, signature
+from .interpreter import OTHER, GraphProgram, LoweringError, signature
 
 c10d = torch.ops._c10d_functional
 
@@ -156,6 +156,11 @@ class SpmdGraph:
 
     def __init__(self, compiled, layout: Layout):
         self.compiled, self.layout, self.mesh = compiled, layout, layout.mesh
+        if compiled.jax_device != self.mesh.device:
+            raise LoweringError(
+                f"pjrt compile: graph '{compiled.name}' runs on pjrt:{compiled.device}, but its collectives' process "
+                f"group uses pjrt:{layout.group.device_index} on this rank (pjrt:LOCAL_RANK where a process sees "
+                f"several devices); move the inputs to pjrt:{layout.group.device_index}")
         self.program: GraphProgram = compiled.program
         self.name = self.program.name
         self.static = tuple(i for i, k in enumerate(compiled.kinds) if k == OTHER)  # process groups
