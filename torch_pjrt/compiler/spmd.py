@@ -165,16 +165,17 @@ class SpmdGraph:
         self.name = self.program.name
         self.static = tuple(i for i, k in enumerate(compiled.kinds) if k == OTHER)  # process groups
         self.constants = [self._global(c) for c in self.program.constants]
-        self.scalar_constants = tuple(i for i, c in enumerate(self.program.constants) if c.ndim == 0)
+        self.scalar_constants = tuple(i for i, c in enumerate(self.program.constants)
+                                      if isinstance(c, jax.Array) and c.ndim == 0)
         checked = layout.group.checks and self.mesh.size > 1
         self.fingerprint = (layout.collectives,) if checked else None
         self.scalar_outputs: dict = {}  # input signature -> (0-d outputs, 0-d mutated inputs)
-        static_argnums = (0, 1) + tuple(4 + i for i in self.static)
+        static_argnums = (0,) + tuple(3 + i for i in self.static)
         self.jit = jax.jit(self._program, static_argnums=static_argnums)
 
     # ---------------------------------------------------------------- the program
-    def _program(self, scalar_inputs: tuple, fingerprint: tuple | None, seeds, constants, *inputs):
-        """(scalar input positions, fingerprint: static; global arrays) -> global arrays."""
+    def _program(self, scalar_inputs: tuple, seeds, constants, *inputs):
+        """(0-d input positions: static; global arrays) -> global arrays."""
         arrays = [x for i, x in enumerate(inputs) if i not in self.static]
 
         def body(seeds, constants, arrays):
@@ -188,10 +189,10 @@ class SpmdGraph:
                                                     tuple(v.ndim == 0 for v in new_values))
             return tuple(_blocked(o) for o in outputs), tuple(_blocked(v) for v in new_values)
 
-        if fingerprint is not None:
+        if self.fingerprint is not None:
             from ..distributed.xla import agreed
 
-            body = agreed(body, fingerprint, self.mesh.axes)
+            body = agreed(body, self.fingerprint, self.mesh.axes)
         spec = self.mesh.spec
         return jax.shard_map(body, mesh=self.mesh.mesh, in_specs=spec, out_specs=spec, check_vma=False)(
             seeds, constants, arrays)
@@ -210,8 +211,7 @@ class SpmdGraph:
 
         scalars = tuple(i for i, s in enumerate(specs) if isinstance(s, jax.ShapeDtypeStruct) and not s.shape)
         seeds = spec(self.compiled._seed_spec())
-        self.compiled._trace(lambda: self.jit.trace(scalars, self.fingerprint, seeds, self.constants,
-                                                    *map(spec, specs)))
+        self.compiled._trace(lambda: self.jit.trace(scalars, seeds, self.constants, *map(spec, specs)))
 
     def call(self, tensors: list):
         compiled = self.compiled
@@ -223,32 +223,31 @@ class SpmdGraph:
         seeds = compiled._seeds()
         seeds = self._global(jax.device_put(seeds, self.mesh.device)) if seeds is not None else None
         arrays = [self._global(x) for x in inputs]
-        fingerprint = self.fingerprint
 
         def run():
             with stats.building(self.name):
-                return jax.block_until_ready(self.jit(scalars, fingerprint, seeds, self.constants, *arrays))
+                return jax.block_until_ready(self.jit(scalars, seeds, self.constants, *arrays))
 
         stats.add("calls")
         before = stats.marker()
         result = self.layout.group.run_compiled(self.name, run)
         if stats.marker() != before:
             compiled._count_executable(compiled._why_new(inputs, self.jit))
-        if fingerprint is not None:
+        if self.fingerprint is not None:
             result, everyone = result
-            self._check(fingerprint, everyone)
+            self._check(everyone)
         outputs, new_values = result
         scalar_outputs, scalar_values = self.scalar_outputs[signature(inputs)]
         outputs = [_local(o, s) for o, s in zip(outputs, scalar_outputs)]
         new_values = [_local(v, s) for v, s in zip(new_values, scalar_values)]
         return compiled._finish(tensors, outputs, new_values, inputs)
 
-    def _check(self, fingerprint: tuple, everyone) -> None:
+    def _check(self, everyone) -> None:
         from ..distributed.work import CollectiveError
         from ..distributed.xla import fingerprints
 
         ranks = self.layout.ranks
-        differ = [ranks[r] for r, code in enumerate(fingerprints(everyone)) if tuple(code) != fingerprint]
+        differ = [ranks[r] for r, code in enumerate(fingerprints(everyone)) if tuple(code) != self.fingerprint]
         if differ:
             groups = ", ".join(f"'{name}'" for name in self.layout.axes)
             raise CollectiveError(
