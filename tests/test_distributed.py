@@ -85,3 +85,35 @@ def test_tensor_parallel_mlp_equals_unsharded():
 def test_dcp_save_on_4_load_on_2(tmp_path):
     expect_success(launch("dcp_save", 4, timeout=300, args=[str(tmp_path)]))
     expect_success(launch("dcp_load", 2, timeout=240, args=[str(tmp_path)]))
+
+
+# the host-staged path with its agreement check off: the check is a blocking gloo all-gather at launch
+HOST_UNCHECKED = {"TORCH_PJRT_COLLECTIVES": "host", "TORCH_PJRT_COLLECTIVE_CHECKS": "0"}
+
+
+@pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_ddp_bucket_all_reduces_overlap_the_backward_pass(nprocs):
+    """Rank 0 issues every bucket's all-reduce while its peers hold back bucket 0, so its
+    reducer got bucket 0's future incomplete and went on; training still equals full-batch
+    training, and PowerSGD (collectives inside future callbacks) keeps the ranks equal."""
+    values = expect_success(launch("ddp_overlap", nprocs, timeout=400))
+    assert all(b > 1 for b in values[0]["buckets"]), values[0]
+    assert values[0]["first_pending"] == [True, True], values[0]  # built-in all-reduce, Python comm hook
+
+
+@pytest.mark.parametrize("env", [{}, HOST_UNCHECKED], ids=["xla", "host"])
+def test_get_future_does_not_wait(env):
+    values = expect_success(launch("future_later", 2, timeout=180, env=env))
+    assert values[0]["pending"] == {"future_done": False, "work_completed": False, "completed_after": True}
+
+
+@pytest.mark.parametrize("env", [{}, HOST_UNCHECKED], ids=["xla", "host"])
+def test_get_future_of_a_timed_out_collective_fails(env):
+    """A peer never joins: the future completes with wait()'s CollectiveError after the
+    group's timeout (5 s), though nobody waits for it."""
+    value = launch("future_timeout", 2, timeout=120, env=env)[0].value
+    assert value is not None and not value["failures"], value
+    assert value["done_at_once"] is False and 4 < value["seconds"] < 30, value
+    error = value["future_error"]
+    assert error is not None and error.startswith("CollectiveError: pjrt: all_reduce") and "[0, 1]" in error, value
+    assert error == value["wait_error"] and value["completed"] and not value["success"], value

@@ -234,3 +234,150 @@ def dcp_load(directory: str) -> dict:
     for name, value in state.items():
         check_equal(f"DCP loaded {name}", value.full_tensor(), expected[name])
     return {}
+
+
+def _ddp_with_a_late_peer(hooked: bool, store) -> dict:
+    """DDP training on pjrt where, in the third step, every rank but 0 joins bucket 0's
+    all-reduce only once rank 0 has issued every bucket's all-reduce: so rank 0's backward
+    pass must go on while bucket 0 is pending (a get_future() that waited would wait for
+    a peer that waits for it). Returns what rank 0 saw and the parameters."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_pjrt.distributed.backend import ProcessGroupPjrt
+    from torch_pjrt.distributed.work import PjrtWork
+
+    rank, late_step = dist.get_rank(), 2  # DDP rebuilds its buckets after the first step
+    seen = {"step": 0, "calls": [0] * (STEPS + 1), "futures": [], "first_pending": None}
+    allreduce, get_future = ProcessGroupPjrt.allreduce, PjrtWork.get_future
+
+    def counted_allreduce(self, tensors, opts=None):  # DDP's reducer and the hook both end here
+        step = seen["step"]
+        seen["calls"][step] += 1
+        if step == late_step and rank != 0 and seen["calls"][step] == 1:
+            store.wait([f"issued-{hooked}"])
+        work = allreduce(self, tensors, opts)
+        if step == late_step and rank == 0 and seen["calls"][step] == seen["calls"][step - 1]:  # the last bucket
+            seen["first_pending"] = not seen["futures"][0].done()
+            store.set(f"issued-{hooked}", "1")
+        return work
+
+    def recorded_get_future(self):
+        future = get_future(self)
+        if seen["step"] == late_step:
+            seen["futures"].append(future)
+        return future
+
+    data, model, _ = gpt_setup(pjrt(), seed=0, **_MODEL)
+    ddp_model = DDP(model, bucket_cap_mb=0.02)
+    if hooked:
+        ddp_model.register_comm_hook(None, allreduce_hook)
+    opt = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3, weight_decay=0.01)
+    ProcessGroupPjrt.allreduce, PjrtWork.get_future = counted_allreduce, recorded_get_future
+    try:
+        for step, batch in enumerate(_batches(data, STEPS)):
+            seen["step"] = step
+            _train(ddp_model, opt, [batch], pjrt(), _my_rows())
+    finally:
+        ProcessGroupPjrt.allreduce, PjrtWork.get_future = allreduce, get_future
+    return {"buckets": seen["calls"][late_step], "first_pending": seen["first_pending"], "model": model}
+
+
+@case
+def ddp_overlap() -> dict:
+    """DDP's bucket all-reduces overlap the backward pass (built-in all-reduce and the
+    Python comm-hook path), and the result still equals full-batch training; then PowerSGD,
+    whose future callbacks issue collectives themselves, keeps every rank's model equal."""
+    init()
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    store = dist.distributed_c10d._get_default_store()
+    reference = _full_batch_reference(pjrt())
+    result = {"buckets": [], "first_pending": []}
+    for hooked in (False, True):
+        run = _ddp_with_a_late_peer(hooked, store)
+        result["buckets"].append(run["buckets"])
+        result["first_pending"].append(run["first_pending"])
+        for name, value in run["model"].state_dict().items():
+            check_equal(f"DDP{' with comm hook' if hooked else ''} (late peer) parameter {name}", value,
+                        reference[name], rtol=1e-4, atol=1e-5)
+
+    data, model, _ = gpt_setup(pjrt(), seed=0, **_MODEL)
+    ddp_model = DDP(model, bucket_cap_mb=0.02)
+    state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    ddp_model.register_comm_hook(state, powerSGD.powerSGD_hook)
+    opt = torch.optim.AdamW(ddp_model.parameters(), lr=1e-3, weight_decay=0.01)
+    _train(ddp_model, opt, _batches(data, STEPS + 2), pjrt(), _my_rows())
+    mine = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for name, value in mine.items():
+        check_equal(f"PowerSGD: rank 0's parameter {name}", value, everyone[0][name])
+        check_equal(f"PowerSGD: parameter {name} moved", (value - reference[name]).abs().max() > 0, torch.tensor(True))
+    return result
+
+
+@case
+def future_later() -> dict:
+    """get_future() returns at once: rank 0 launches an all-reduce of a large tensor, takes
+    its future and chains a pjrt op to it, and only then lets the other ranks join."""
+    init()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    n = 1 << 20
+    t = torch.arange(n, dtype=torch.float32, device=pjrt()) * (rank + 1)
+    expected = torch.arange(n, dtype=torch.float32) * sum(range(1, world + 1))
+    if rank != 0:
+        store.wait(["launched"])
+        dist.all_reduce(t)
+        check_equal("all_reduce", t, expected)
+        return {}
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    doubled = future.then(lambda f: f.value()[0] * 2)  # runs where the future completes
+    pending = {"future_done": future.done(), "work_completed": work.is_completed()}
+    x = torch.ones(256, 256, device=pjrt())
+    busy = (x @ x).sum()  # this thread computes meanwhile
+    store.set("launched", "1")
+    check_equal("get_future's value", future.wait()[0], expected)
+    check_equal("a pjrt op chained to the future", doubled.wait(), expected * 2)
+    check_equal("the all_reduce's tensor", t, expected)
+    check_equal("work on this thread meanwhile", busy, torch.tensor(256.0 ** 3))
+    pending["completed_after"] = work.is_completed() and work.wait() and work.is_success()
+    return {"pending": pending}
+
+
+@case
+def future_timeout() -> dict:
+    """Rank 1 never joins: rank 0's future completes with the CollectiveError that wait()
+    raises, after the group's timeout (5 s), while rank 0 never waits for it."""
+    import datetime
+    import time
+
+    init(timeout_s=5)
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(4, device=pjrt())
+    dist.all_reduce(t)  # everyone is up
+    if dist.get_rank() != 0:
+        store.wait(["done"], datetime.timedelta(seconds=120))
+        return {"peer_failed": True}
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    result = {"done_at_once": future.done()}
+    while not future.done() and time.monotonic() - start < 60:
+        time.sleep(0.1)
+    result["seconds"] = time.monotonic() - start
+    errors = []
+    for wait in (future.wait, work.wait):
+        try:
+            wait()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001  (the error is the result)
+            errors.append(f"{type(e).__name__}: {e}")
+    result.update(future_error=errors[0], wait_error=errors[1], completed=work.is_completed(),
+                  success=work.is_success())
+    store.set("done", "1")
+    result["peer_failed"] = True  # the collective is stuck: skip the orderly shutdown
+    return result

@@ -35,26 +35,23 @@ def copy_back(originals, mirrors) -> None:
 
 
 class HostWork(PjrtWork):
-    """A gloo work on host mirrors; `finish` copies results back once the work is done."""
+    """A gloo work on host mirrors; `finish` copies results back once the work is done.
+    Waiting, `get_future()` and the once-only copy back are PjrtWork's (work.py)."""
 
     def __init__(self, what: str, result: list, gloo_work, finish: Callable[[], None],
                  timeout: datetime.timedelta | None = None):
-        super().__init__(what, result, timeout=timeout)
-        self._gloo, self._finish = gloo_work, finish
+        super().__init__(what, result, finish=lambda _: finish(), timeout=timeout)
+        self._gloo = gloo_work
+        self._finished = False
 
-    def is_completed(self) -> bool:
-        return self._finish is None or self._gloo.is_completed()
+    def _ready(self) -> bool:
+        return self._gloo.is_completed()
 
-    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        if self._error is not None:
-            raise self._error
-        if self._finish is None:
-            return True
+    def _value(self, timeout: datetime.timedelta | None):
         try:
-            self._gloo.wait(timeout) if timeout else self._gloo.wait()
+            self._gloo.wait(timeout) if timeout else self._gloo.wait()  # gloo's own timeout: the group's
         except Exception as e:  # noqa: BLE001  (gloo's timeout or "connection closed by peer")
-            self._error = CollectiveError(f"pjrt: {self.what} failed: {e}")
-            raise self._error from None
-        finish, self._finish = self._finish, None
-        finish()
-        return True
+            raise CollectiveError(f"pjrt: {self.what} failed: {e}") from None
+
+    def _ordered_by_dispatcher(self) -> bool:
+        return False  # gloo runs it, in the order it was issued

@@ -6,6 +6,21 @@ collectives block the calling thread until every peer has joined, and a peer tha
 or never calls would otherwise hang the caller for good. `wait()` takes the result with
 the group's timeout, raises `CollectiveError` naming the op, group and ranks when it
 fails or expires, and writes the result into the op's tensors.
+
+`get_future()` does not wait: a completion thread waits for the work (with the group's
+timeout), writes the result into the tensors and then completes the torch future, which
+runs its `.then()` callbacks there. So DDP's backward pass goes on while the buckets it
+has handed over are reduced, as with NCCL. A separate thread rather than the dispatcher:
+callbacks may issue and wait for collectives themselves (PowerSGD's hook does), which the
+dispatcher must be free to run. Eager pjrt ops from several threads are safe (the runtime's
+shared state is atomic or behind the GIL, as for the autograd engine's device threads);
+the work's tensors belong to the collective until it completes, as c10d requires.
+
+Collectives issued by such a callback keep one order on every rank: `get_future()` puts a
+`_Slot` in the dispatcher's queue, and when the dispatcher reaches it, it runs the
+collectives the future's callbacks issue, and nothing else, until they have returned. So
+they take the place where `get_future()` was called, as NCCL's callbacks do (they run at
+once there), whichever rank's collective finishes first.
 """
 from __future__ import annotations
 
@@ -15,38 +30,109 @@ import queue
 import threading
 from typing import Callable
 
+import torch
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
+
 
 class CollectiveError(RuntimeError):
     """A collective failed or timed out; the message names the op, the group and its ranks."""
 
 
-_queue: queue.SimpleQueue = queue.SimpleQueue()
-_thread: threading.Thread | None = None
+_queue: queue.SimpleQueue = queue.SimpleQueue()  # the dispatcher's: (compute, future) or a _Slot
+_threads: dict[str, threading.Thread] = {}
+_threads_lock = threading.Lock()
+_here = threading.local()  # .slot: on a completion thread, the slot of the future being completed
+
+
+def _started(name: str, target: Callable[[], None]) -> None:
+    """Start daemon thread `name` once. Daemon threads rather than executors: the interpreter
+    joins an executor's threads at exit, and a collective whose peer died would then block
+    the exit for good."""
+    if name in _threads:
+        return
+    with _threads_lock:  # collectives are issued from several threads (autograd's, callbacks')
+        if name not in _threads:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            _threads[name] = thread
 
 
 def dispatch(compute: Callable[[], object]) -> concurrent.futures.Future:
-    """Run `compute` (an XLA collective, blocked on until done) on the dispatcher thread.
-
-    A daemon thread rather than a ThreadPoolExecutor: the interpreter joins an executor's
-    threads at exit, and a collective whose peer died would then block the exit for good."""
-    global _thread
-    if _thread is None:
-        _thread = threading.Thread(target=_serve, name="pjrt-collectives", daemon=True)
-        _thread.start()
+    """Run `compute` (an XLA collective, blocked on until done) on the dispatcher thread."""
     future: concurrent.futures.Future = concurrent.futures.Future()
-    _queue.put((compute, future))
+    slot = getattr(_here, "slot", None)
+    (slot.nested if slot is not None else _queue).put((compute, future))
+    _started("pjrt-collectives", _serve)
     return future
 
 
 def _serve() -> None:
     while True:
-        compute, future = _queue.get()
+        item = _queue.get()
+        if isinstance(item, _Slot):
+            item.hold()
+        else:
+            _run(*item)
+
+
+def _run(compute, future: concurrent.futures.Future) -> None:
+    try:
+        future.set_result(compute())
+    except BaseException as e:  # noqa: BLE001  (delivered to whoever waits)
+        future.set_exception(e)
+
+
+class _Slot:
+    """Where in the dispatcher's order a work's `get_future()` was called: the collectives
+    its callbacks issue run there (see the module's docstring)."""
+
+    def __init__(self):
+        self.nested: queue.SimpleQueue = queue.SimpleQueue()
+
+    def hold(self) -> None:
+        """On the dispatcher: run the callbacks' collectives until the future is completed."""
+        while (item := self.nested.get()) is not None:
+            _run(*item)
+
+    def release(self) -> None:
+        self.nested.put(None)
+
+
+# Two completion threads, each completing its futures in the order they were asked for:
+# XLA works finish in the dispatcher's order, so one thread serves them; host-staged works
+# finish whenever gloo does, and must not hold up the XLA ones (or their slots) meanwhile.
+_completions = {"pjrt-futures": queue.SimpleQueue(), "pjrt-host-futures": queue.SimpleQueue()}
+
+
+def _complete_in_order(name: str) -> None:
+    pending = _completions[name]
+    while True:
+        work, future, device, slot = pending.get()
+        _here.slot = slot
         try:
-            future.set_result(compute())
-        except BaseException as e:  # noqa: BLE001  (delivered to whoever waits)
-            future.set_exception(e)
+            _complete(work, future, device)
+        finally:
+            _here.slot = None
+            if slot is not None:
+                slot.release()
+
+
+def _complete(work: PjrtWork, future: Future, device: int | None = None) -> None:
+    """Wait for `work` (its result is then in its tensors) and complete `future` with it."""
+    try:
+        if device is not None:
+            torch.pjrt.set_device(device)  # the current device of get_future's caller, for the callbacks
+        work.wait()
+    except Exception as e:  # noqa: BLE001  (CollectiveError, or a failed write of the result)
+        future.set_exception(e)
+        return
+    future.set_result(work.result())
+
+
+def _on_completion_thread() -> bool:
+    thread = threading.current_thread()
+    return thread.name in _completions and _threads.get(thread.name) is thread
 
 
 class PjrtWork(Work):
@@ -60,9 +146,48 @@ class PjrtWork(Work):
         self._future, self._finish = future, finish
         self._timeout = timeout
         self._error: BaseException | None = None
+        self._finished = future is None  # the result is in the tensors
+        self._lock = threading.Lock()  # finish runs once, whichever thread waits first
 
+    # -- what a kind of work defines
+    def _ready(self) -> bool:
+        """The collective is over (waiting would not block)."""
+        future = self._future  # None once another thread has finished the work
+        return future is None or future.done()
+
+    def _value(self, timeout: datetime.timedelta | None):
+        """Block until the collective is over; its value, or CollectiveError."""
+        limit = timeout if timeout else self._timeout  # timedelta(0): the caller gave none
+        seconds = limit.total_seconds() if limit else None
+        future = self._future
+        if future is None:  # another thread has finished the work meanwhile
+            return None
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise CollectiveError(
+                f"pjrt: {self.what} did not finish within {seconds:.0f} s; a peer rank may have died or not called "
+                f"the same collective") from None
+        except CollectiveError:  # already names the op and ranks (the ranks' calls disagreed)
+            raise
+        except Exception as e:  # noqa: BLE001  (XLA's error, e.g. gloo's "connection closed by peer")
+            raise CollectiveError(f"pjrt: {self.what} failed: {e}") from None
+
+    def _ordered_by_dispatcher(self) -> bool:
+        """Whether the dispatcher runs this work, so that its callbacks' collectives get a slot there."""
+        return self._future is not None
+
+    # -- c10d's Work
     def is_completed(self) -> bool:
-        return self._future is None or self._future.done()
+        if self._finished or self._error is not None:
+            return True
+        if not self._ready():
+            return False
+        try:  # over: store the result now, so that a completed work's tensors hold it
+            self.wait()
+        except CollectiveError:
+            pass
+        return True
 
     def is_success(self) -> bool:
         return self._error is None
@@ -73,26 +198,24 @@ class PjrtWork(Work):
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         if self._error is not None:
             raise self._error
-        if self._future is None:
+        if self._finished:
             return True
-        limit = timeout if timeout else self._timeout  # timedelta(0): the caller gave none
-        seconds = limit.total_seconds() if limit else None
         try:
-            value = self._future.result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
-            self._error = CollectiveError(
-                f"pjrt: {self.what} did not finish within {seconds:.0f} s; a peer rank may have died or not called "
-                f"the same collective")
+            value = self._value(timeout)
+        except CollectiveError as e:
+            with self._lock:
+                if self._finished:  # another thread finished it meanwhile (a race with a short `timeout`)
+                    return True
+                self._error = self._error or e
             raise self._error from None
-        except CollectiveError as e:  # already names the op and ranks (the ranks' calls disagreed)
-            self._error = e
-            raise
-        except Exception as e:  # noqa: BLE001  (XLA's error, e.g. gloo's "connection closed by peer")
-            self._error = CollectiveError(f"pjrt: {self.what} failed: {e}")
-            raise self._error from None
-        finish, self._future, self._finish = self._finish, None, None
-        if finish is not None:
-            finish(value)
+        with self._lock:  # the completion thread and the caller may both wait
+            if self._error is not None:
+                raise self._error
+            if not self._finished:
+                if self._finish is not None:
+                    self._finish(value)
+                # drop the value: a reference here would keep the tensors' new buffer from being donated
+                self._finished, self._future, self._finish = True, None, None
         return True
 
     def synchronize(self) -> None:
@@ -102,11 +225,19 @@ class PjrtWork(Work):
         return self._result
 
     def get_future(self) -> Future:
-        # the result tensors hold the value only once waited for, so the future completes by waiting
+        """A future of `result()` that completes (or fails with CollectiveError) once the
+        collective is over and its result is in the tensors; the caller does not wait."""
         future = Future()
-        try:
-            self.wait()
-            future.set_result(self._result)
-        except CollectiveError as e:
-            future.set_exception(e)
+        ordered = self._ordered_by_dispatcher()  # before is_completed(), which may drop the dispatcher's future
+        if self.is_completed() or _on_completion_thread():
+            # over: complete it here, callbacks run at once. On a completion thread (a callback
+            # asking for another collective's future): here too, that thread cannot wait for itself.
+            _complete(self, future)
+            return future
+        name, slot = ("pjrt-futures", _Slot()) if ordered else ("pjrt-host-futures", None)
+        _started(name, lambda: _complete_in_order(name))
+        with _threads_lock:  # slots in the order of their futures, even when two threads ask at once
+            _completions[name].put((self, future, torch.pjrt.current_device(), slot))
+            if slot is not None:
+                _queue.put(slot)
         return future
