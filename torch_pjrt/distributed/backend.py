@@ -459,7 +459,8 @@ class _Joined(PjrtWork):
     def wait(self, timeout=None) -> bool:
         for w in self._works:
             w.wait(timeout)
-        after, self._after = self._after, None
+        with self._lock:  # a completion thread (get_future) and the caller may both wait
+            after, self._after = self._after, None
         if after is not None:
             after()
         return True
