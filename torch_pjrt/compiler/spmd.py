@@ -60,8 +60,9 @@ def plan(program: GraphProgram, example_inputs, dynamic: bool) -> Layout | None:
         return None
     placeholder_values = dict(zip(program.placeholders, example_inputs))
     layout, why = (None, "symbolic sizes") if dynamic else _layout(nodes, placeholder_values)
-    if layout is not None:
-        layout = layout._replace(collectives=_digest(repr([_describe(n, layout.axes, placeholder_values) for n in nodes])))
+    if layout is not None:  # what every rank's graph must agree on
+        described = [_describe(n, layout.axes, placeholder_values) for n in nodes]
+        layout = layout._replace(collectives=_digest(repr(described)))
     stats.append("collective_graphs", {"graph": program.name, "path": "xla" if layout is not None else "host",
                                        "collectives": len(nodes), **({"why": why} if why else {})})
     return layout
@@ -77,7 +78,8 @@ def _layout(nodes, placeholder_values) -> tuple:
             return None, "a collective's group is not known at compile time"
         groups[name] = _resolve(name)
         if groups[name] is None or groups[name].mesh is None:
-            return None, f"process group '{name}' has no XLA path (not a pjrt group, or JAX's multi-process runtime is off)"
+            return None, (f"process group '{name}' has no XLA path (not a pjrt group, or JAX's multi-process "
+                          f"runtime is off)")
         if node.target is c10d.all_to_all_single.default:
             rows = node.args[0].meta["val"].shape[0]
             if not collectives.even_all_to_all(rows, values["output_split_sizes"], values["input_split_sizes"],
