@@ -49,15 +49,15 @@ def test_local_rank_picks_the_device_when_a_process_sees_several():
 def test_collectives_xla_path(nprocs):
     values = expect_success(launch("collectives", nprocs, timeout=240))
     assert all(v["path"] == "xla" for v in values)
-    assert all(v["compiled_graphs"] == 1 for v in values)  # no graph break around the collectives
-    assert all(v["compiled_collectives"] == ["xla"] for v in values)  # one SPMD program with XLA collectives
+    assert all(v["compiled_graphs"] == 2 for v in values)  # no graph break around the collectives
+    assert all(v["compiled_collectives"] == ["xla", "xla"] for v in values)  # SPMD programs with XLA collectives
 
 
 def test_collectives_host_path():
     """Host-staged, initialised with the mixed backend string "cpu:gloo,pjrt:pjrt"."""
     values = expect_success(launch("collectives", 2, timeout=180, env={"TORCH_PJRT_COLLECTIVES": "host"},
                                    args=["cpu:gloo,pjrt:pjrt"]))
-    assert all(v["path"] == "host" and v["compiled_collectives"] == ["host"] for v in values)
+    assert all(v["path"] == "host" and v["compiled_collectives"] == ["host", "host"] for v in values)
 
 
 def test_subgroups_and_device_mesh():

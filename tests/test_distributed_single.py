@@ -113,3 +113,17 @@ def test_compiled_collectives_on_another_device_name_both(group):
     f = torch.compile(lambda x: fc.all_reduce(x, "sum", group), backend="pjrt")
     with pytest.raises(Exception, match=r"runs on pjrt:1, but its collectives' process group uses pjrt:0"):
         f(torch.ones(2, device="pjrt:1"))
+
+
+def test_spmd_graph_donates_mutated_inputs_and_views_see_writes(group):
+    @torch.compile(backend="pjrt")
+    def bump(buf, x):
+        buf.add_(fc.all_reduce(x, "sum", group))
+        return buf.sum()
+
+    buf = torch.zeros(4, device="pjrt")
+    alias = buf.view(2, 2)
+    for step in range(3):
+        assert float(bump(buf, torch.ones(4, device="pjrt"))) == 4.0 * (step + 1)
+    assert torch.equal(buf.cpu(), torch.full((4,), 3.0)) and torch.equal(alias.cpu(), torch.full((2, 2), 3.0))
+    assert torch_pjrt.compile_stats()["collective_graphs"][-1]["path"] == "xla"

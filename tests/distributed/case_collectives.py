@@ -202,6 +202,16 @@ def collectives(backend: str = "pjrt") -> dict:
 
     compiled = torch.compile(program, backend="pjrt", fullgraph=True)
     check_equal("compiled functional collectives", compiled(x, pg), program(xr, gloo))
+
+    @torch.compile(backend="pjrt")
+    def accumulate(total, x):  # mutates a graph input: its buffer is donated on the SPMD path too
+        total.add_(fc.all_reduce(x, "sum", pg))
+
+    total, ref_total = torch.zeros(2 * n, 3, device=pjrt()), torch.zeros(2 * n, 3)
+    for _ in range(3):
+        accumulate(total, x)
+        ref_total += fc.all_reduce(xr, "sum", gloo).wait()
+    check_equal("compiled in-place accumulation of an all_reduce", total, ref_total)
     import torch_pjrt
 
     stats = torch_pjrt.compile_stats()

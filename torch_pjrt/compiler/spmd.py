@@ -24,6 +24,7 @@ spans, groups without an XLA path, uneven all_to_all splits, symbolic sizes.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from typing import NamedTuple
@@ -172,8 +173,11 @@ class SpmdGraph:
         checked = layout.group.checks and self.mesh.size > 1
         self.fingerprint = (layout.collectives,) if checked else None
         self.scalar_outputs: dict = {}  # input signature -> (0-d outputs, 0-d mutated inputs)
-        static_argnums = (0,) + tuple(3 + i for i in self.static)
-        self.jit = jax.jit(self._program, static_argnums=static_argnums)
+        jit = functools.partial(jax.jit, self._program, static_argnums=(0,) + tuple(3 + i for i in self.static))
+        self.jit = jit()
+        # mutated inputs' buffers donated when nothing else holds them, as on one device (their
+        # global arrays share the local buffers, so donating those donates the shards)
+        self.donating = jit(donate_argnums=tuple(3 + i for i in compiled.mutated)) if compiled.mutated else None
 
     # ---------------------------------------------------------------- the program
     def _program(self, scalar_inputs: tuple, seeds, constants, *inputs):
@@ -224,17 +228,18 @@ class SpmdGraph:
         scalars = tuple(i for i, x in enumerate(inputs) if isinstance(x, jax.Array) and x.ndim == 0)
         seeds = compiled._seeds()
         seeds = self._global(jax.device_put(seeds, self.mesh.device)) if seeds is not None else None
+        fn = self.donating if self.donating is not None and compiled._donatable(inputs) else self.jit
         arrays = [self._global(x) for x in inputs]
 
         def run():
             with stats.building(self.name):
-                return jax.block_until_ready(self.jit(scalars, seeds, self.constants, *arrays))
+                return jax.block_until_ready(fn(scalars, seeds, self.constants, *arrays))
 
         stats.add("calls")
         before = stats.marker()
         result = self.layout.group.run_compiled(self.name, run)
         if stats.marker() != before:
-            compiled._count_executable(compiled._why_new(inputs, self.jit))
+            compiled._count_executable(compiled._why_new(inputs, fn))
         if self.fingerprint is not None:
             result, everyone = result
             self._check(everyone)
