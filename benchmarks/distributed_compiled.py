@@ -12,11 +12,10 @@ markdown table of the median step time on rank 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
-from distributed_torchrun import torchrun_json
+from distributed_torchrun import report_median, torchrun_json
 
 CONFIGS = {  # name: (device, compile backend or None, extra environment)
     "pjrt, compiled, XLA collectives in the graph": ("pjrt", "pjrt", {}),
@@ -53,9 +52,7 @@ def worker(device: str, backend: str | None, steps: int) -> None:
         loss.backward()
         float(loss)  # waits for the step
         times.append(time.perf_counter() - start)
-    steady = sorted(times[3:])  # the first steps compile
-    if dist.get_rank() == 0:
-        print(json.dumps({"seconds": steady[len(steady) // 2]}), flush=True)
+    report_median(times, warmup=3)
     dist.destroy_process_group()
 
 

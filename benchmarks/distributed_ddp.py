@@ -13,11 +13,10 @@ processes share cores, so the times measure contention as much as communication.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
-from distributed_torchrun import torchrun_json
+from distributed_torchrun import report_median, torchrun_json
 
 CONFIGS = {  # name: (device, extra environment)
     "pjrt, XLA path": ("pjrt", {}),
@@ -50,9 +49,7 @@ def worker(device: str, steps: int, bucket_cap_mb: float) -> None:
         opt.step()
         float(loss)  # waits for the step
         times.append(time.perf_counter() - start)
-    steady = sorted(times[2:])  # the first steps compile
-    if dist.get_rank() == 0:
-        print(json.dumps({"seconds": steady[len(steady) // 2]}), flush=True)
+    report_median(times, warmup=2)
     dist.destroy_process_group()
 
 

@@ -16,3 +16,13 @@ def torchrun_json(script: str, nproc: int, args: list[str], env: dict, timeout: 
     if out.returncode != 0:
         raise RuntimeError(f"{command} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def report_median(times: list[float], warmup: int) -> None:
+    """In a worker: rank 0 prints the median of the step times after the first `warmup`
+    (they compile) as the JSON line `torchrun_json` collects."""
+    import torch.distributed as dist
+
+    steady = sorted(times[warmup:])
+    if dist.get_rank() == 0:
+        print(json.dumps({"seconds": steady[len(steady) // 2]}), flush=True)
