@@ -185,6 +185,32 @@ def test_grad_scaler_skips_nonfinite_steps_and_backs_off():
         torch.testing.assert_close(w_pjrt, w_cpu, **TOL)
     assert results["pjrt"][1][0] == 2.0 ** 8 * 2 * 0.5  # grew after step 0, halved at the inf step
     assert torch.equal(results["pjrt"][1][1], results["pjrt"][0][1])  # the inf step was skipped
+    # GradScaler's own ops have lowerings: nothing of the step ran on the CPU fallback
+    assert not [op for op in torch_pjrt.fallback_ops() if "_amp_" in op], torch_pjrt.fallback_ops()
+
+
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
+def test_grad_scaler_ops_match_cpu(bad):
+    """The two ops GradScaler calls, on float32/float16/float64 grads, against CPU torch."""
+    def run(device):
+        g = torch.Generator().manual_seed(0)
+        grads = [torch.randn(5, generator=g).to(dtype) * 1000
+                 for dtype in (torch.float32, torch.float16, torch.float64)]
+        if bad is not None:
+            grads[1][2] = bad
+        grads = [t.to(device) for t in grads]
+        found_inf = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, torch.full((1,), 1 / 3, device=device))
+        out = grads + [found_inf.clone()]
+        for tracker_value, scale_value in ((0, 2.0 ** 16), (1, 2.0 ** 16), (1, 3.0e38)):  # grow, grow to inf
+            scale = torch.full((1,), scale_value, device=device)
+            tracker = torch.full((1,), tracker_value, dtype=torch.int32, device=device)
+            torch._amp_update_scale_(scale, tracker, found_inf, 2.0, 0.5, 2)
+            out += [scale, tracker]
+        return [t.cpu() for t in out]
+
+    for got, want in zip(run("pjrt"), run("cpu")):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
 # -- LR schedulers ------------------------------------------------------------------------

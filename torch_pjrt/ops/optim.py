@@ -1,6 +1,7 @@
 """Lowerings: fused optimizer steps (`torch.optim.*(fused=True)`), one executable per step
-over every parameter. Each returns the new values of the arguments the op writes, in
-schema order (registry.py). Learning rates are traced, so a scheduler never recompiles.
+over every parameter, and GradScaler's two ops. Each returns the new values of the
+arguments the op writes, in schema order (registry.py). Learning rates are traced, so a
+scheduler never recompiles.
 
 Semantics follow torch's fused CPU kernels: grads are unscaled by `grad_scale` (and the
 unscaled grads written back), and a step with `found_inf` set leaves everything as it was.
@@ -106,3 +107,31 @@ def _fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weigh
         sums.append(s)
     new = (params, grads, sums, list(state_steps))
     return _skip_if_inf(found_inf, new, (self, list(grads), state_sums, state_steps))
+
+
+# ------------------------------------------------------------------------- GradScaler
+@lowering(aten._amp_foreach_non_finite_check_and_unscale_.default)
+def _amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
+    """GradScaler.unscale_: every grad times `inv_scale` (in float32, or float64 for double
+    grads, as torch's kernels compute); `found_inf` becomes 1 when any grad holds inf or NaN."""
+    unscaled, bad = [], jnp.zeros((), jnp.bool_)
+    for g in self:
+        compute = jnp.float64 if g.dtype == jnp.float64 else jnp.float32
+        bad = bad | ~jnp.all(jnp.isfinite(g))
+        unscaled.append((g.astype(compute) * inv_scale.reshape(()).astype(compute)).astype(g.dtype))
+    return unscaled, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+@lowering(aten._amp_update_scale_.default)
+def _amp_update_scale_(self, growth_tracker, found_inf, scale_growth_factor, scale_backoff_factor, growth_interval):
+    """GradScaler.update: back off after an overflow, grow after `growth_interval` clean
+    steps (unless the grown scale would be infinite). Returns (scale, growth_tracker)."""
+    scale = self.astype(jnp.float64)  # the factors are doubles: multiply in double, store float
+    inf = found_inf.reshape(self.shape) != 0
+    grown = growth_tracker + 1
+    grow = ~inf & (grown == growth_interval)
+    bigger = (scale * scale_growth_factor).astype(self.dtype)
+    new_scale = jnp.where(inf, (scale * scale_backoff_factor).astype(self.dtype),
+                          jnp.where(grow & jnp.isfinite(bigger), bigger, self))
+    new_tracker = jnp.where(inf | grow, jnp.zeros_like(growth_tracker), grown.astype(growth_tracker.dtype))
+    return new_scale, new_tracker
