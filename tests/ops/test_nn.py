@@ -737,3 +737,13 @@ def test_adaptive_avg_pool2d_backward_as_cpu(dtype, shape, out):
     x = r(*shape).to(dtype)
     exact = dict(atol=0, rtol=0) if dtype != torch.float64 else {}
     check(aten._adaptive_avg_pool2d_backward.default, r(*shape[:2], *out, seed=1).to(dtype), x, **exact)
+
+
+# ------------------------------------------------------------------------- weight norm
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_weight_norm_interface_backward(dim, dtype):
+    v, g = r(4, 6, dtype=dtype), r(4, 6, dtype=dtype, seed=1).abs() + 0.5
+    g = (g[:, :1] if dim == 0 else g[:1, :]).contiguous()  # as autograd saves it
+    _, norms = aten._weight_norm_interface(v, g, dim)
+    check(aten._weight_norm_interface_backward.default, r(4, 6, dtype=dtype, seed=2), v, g, norms, dim, **tol(dtype))

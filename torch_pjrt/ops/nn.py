@@ -218,6 +218,19 @@ def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
     return res.astype(to_jax(input_dtype))
 
 
+# -------------------------------------------------------------------------- weight norm
+
+
+@lowering(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """w = v * g / ||v|| (the norm over every dim but `dim`, kept as g's shape)."""
+    axes = tuple(a for a in range(saved_v.ndim) if a != dim % saved_v.ndim)
+    gw, v, g, norms = _up(grad_w), _up(saved_v), _up(saved_g), _up(saved_norms)
+    grad_g = jnp.sum(gw * v, axis=axes, keepdims=True) / norms
+    grad_v = (g / norms) * (gw - v * (grad_g / norms))
+    return grad_v.astype(saved_v.dtype), grad_g.reshape(saved_g.shape).astype(saved_g.dtype)
+
+
 # -------------------------------------------------------------------------- losses
 
 
