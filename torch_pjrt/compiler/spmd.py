@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 
 from .. import storage
+from ..distributed.work import CollectiveError
+from ..distributed.xla import GroupMesh, agreed, as_block, fingerprints
 from ..ops import collectives
 from ..ops.signature import Signature
 from . import stats
@@ -95,8 +97,6 @@ def _layout(nodes, placeholder_values) -> tuple:
 def _grid(groups: dict) -> tuple:
     """Several groups: one mesh axis per group, when each group's ranks are evenly spaced and
     together they span a grid of ranks (as a DeviceMesh's dimensions do)."""
-    from ..distributed.xla import GroupMesh
-
     world = _resolve(dist.group.WORLD.group_name)
     if world is None or world.mesh is None:
         return None, "collectives over several groups need the default group to be a pjrt group with an XLA path"
@@ -193,18 +193,16 @@ class SpmdGraph:
                 outputs, new_values = self.program.function(seeds, constants, *full)
             self.scalar_outputs[signature(full)] = (tuple(o.ndim == 0 for o in outputs),
                                                     tuple(v.ndim == 0 for v in new_values))
-            return tuple(_blocked(o) for o in outputs), tuple(_blocked(v) for v in new_values)
+            return tuple(as_block(o) for o in outputs), tuple(as_block(v) for v in new_values)
 
         if self.fingerprint is not None:
-            from ..distributed.xla import agreed
-
             body = agreed(body, self.fingerprint, self.mesh.axes)
         spec = self.mesh.spec
         return jax.shard_map(body, mesh=self.mesh.mesh, in_specs=spec, out_specs=spec, check_vma=False)(
             seeds, constants, arrays)
 
     def _global(self, x):
-        return self.mesh.to_global(_blocked(x)) if isinstance(x, jax.Array) else x
+        return self.mesh.to_global(x) if isinstance(x, jax.Array) else x
 
     # ---------------------------------------------------------------- a call
     def build(self, specs) -> None:
@@ -245,14 +243,11 @@ class SpmdGraph:
             self._check(everyone)
         outputs, new_values = result
         scalar_outputs, scalar_values = self.scalar_outputs[signature(inputs)]
-        outputs = [_local(o, s) for o, s in zip(outputs, scalar_outputs)]
-        new_values = [_local(v, s) for v, s in zip(new_values, scalar_values)]
+        outputs = [self.mesh.local(o, s) for o, s in zip(outputs, scalar_outputs)]
+        new_values = [self.mesh.local(v, s) for v, s in zip(new_values, scalar_values)]
         return compiled._finish(tensors, outputs, new_values, inputs)
 
     def _check(self, everyone) -> None:
-        from ..distributed.work import CollectiveError
-        from ..distributed.xla import fingerprints
-
         ranks = self.layout.ranks
         differ = [ranks[r] for r, code in enumerate(fingerprints(everyone)) if tuple(code) != self.fingerprint]
         if differ:
@@ -261,16 +256,6 @@ class SpmdGraph:
                 f"pjrt: compiled graph '{self.name}' with collectives on process group(s) {groups} (global ranks "
                 f"{ranks}): ranks {differ} ran other collectives (ops, shapes or dtypes) than this rank (global rank "
                 f"{ranks[self.mesh.rank]}); every rank must issue the same collectives in the same order")
-
-
-def _blocked(x):
-    """Shards are laid out along dimension 0, so a 0-d value travels as a (1,) block."""
-    return x.reshape(1) if x.ndim == 0 else x
-
-
-def _local(g, scalar: bool):
-    x = g.addressable_shards[0].data
-    return x.reshape(()) if scalar else x
 
 
 def _digest(text: str) -> int:

@@ -33,13 +33,16 @@ class GroupMesh:
         self._programs: dict = {}
 
     def to_global(self, x: jax.Array) -> jax.Array:
-        """This rank's block `x` (at least 1-d) as its shard of the group-wide array."""
+        """This rank's value `x` as its block (`as_block`) of the group-wide array."""
+        x = as_block(x)
         shape = (self.size * x.shape[0],) + tuple(x.shape[1:])
         return jax.make_array_from_single_device_arrays(shape, self.sharding, [x])
 
     @staticmethod
-    def local(g: jax.Array) -> jax.Array:
-        return g.addressable_shards[0].data
+    def local(g: jax.Array, scalar: bool = False) -> jax.Array:
+        """This rank's block of `g`; a 0-d value again where `scalar`."""
+        x = g.addressable_shards[0].data
+        return x.reshape(()) if scalar else x
 
     def run(self, name: str, x: jax.Array, fingerprint: tuple | None = None, **params):
         """Run collective `name` (a key of ops.collectives.BODIES) on this rank's block `x`.
@@ -49,9 +52,7 @@ class GroupMesh:
         all-gathers the fingerprints and runs the collective only if all are equal, so ranks
         whose calls differ (another shape, another op) skip it together instead of
         exchanging mismatched buffers; the caller compares and raises."""
-        scalar = x.ndim == 0
-        block = x.reshape(1) if scalar else x
-        key = (name, block.shape, block.dtype, fingerprint, tuple(sorted(params.items())))
+        key = (name, x.shape, x.dtype, fingerprint, tuple(sorted(params.items())))
         program = self._programs.get(key)
         if program is None:
             body = BODIES[name](self.size, **params)
@@ -61,13 +62,17 @@ class GroupMesh:
             program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=specs,
                                             check_vma=False))
             self._programs[key] = program
-        out = program(self.to_global(block))
+        out = program(self.to_global(x))
         everyone = None
         if fingerprint is not None:
             out, everyone = out
             everyone = fingerprints(everyone)
-        out = self.local(out)
-        return (out.reshape(()) if scalar else out), everyone
+        return self.local(out, scalar=x.ndim == 0), everyone
+
+
+def as_block(x):
+    """Blocks are laid out along dimension 0, so a 0-d value travels as a (1,) block."""
+    return x.reshape(1) if x.ndim == 0 else x
 
 
 def agreed(body: Callable, fingerprint: tuple, axes: tuple = (AXIS,)) -> Callable:
