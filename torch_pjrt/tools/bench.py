@@ -549,9 +549,14 @@ def _fill_timings(row: dict, warm: list[float], timed: list[float], workload: Wo
     price = row["price_usd_per_hour"]
     if price is not None:
         per_second = price / 3600.0
-        row["usd_per_million_samples"] = round(per_second / row["samples_per_s"] * 1e6, 6)
+        row["usd_per_million_samples"] = _significant(per_second / row["samples_per_s"] * 1e6)
         if row["tokens_per_s"]:
-            row["usd_per_million_tokens"] = round(per_second / row["tokens_per_s"] * 1e6, 6)
+            row["usd_per_million_tokens"] = _significant(per_second / row["tokens_per_s"] * 1e6)
+
+
+def _significant(value: float, digits: int = 6) -> float:
+    """Rounds to significant digits: costs of fast workloads are fractions of a cent."""
+    return float(f"{value:.{digits}g}")
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
