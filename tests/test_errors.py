@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 
+from torch_pjrt import bounds
+
 
 def test_cpu_and_pjrt_tensors_do_not_mix():
     a = torch.ones(3, device="pjrt")
@@ -111,13 +113,49 @@ OUT_OF_RANGE = {
 @pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
 @pytest.mark.parametrize("bad", [5, -7])
 def test_out_of_range_indices_raise_like_cpu(name, bad):
-    """XLA would clamp or drop these; torch raises, and so must pjrt (same type and message)."""
+    """XLA would clamp or drop these; torch raises, and so must pjrt (same type and message),
+    at the next host sync as CUDA's device-side asserts do, naming the op."""
     op = OUT_OF_RANGE[name]
     x = torch.arange(3.0)
     with pytest.raises((IndexError, RuntimeError)) as on_cpu:
         op(x, torch.tensor([bad]))
+    out = op(x.to("pjrt"), torch.tensor([bad], device="pjrt"))  # queued, not waited for
+    with pytest.raises(on_cpu.type, match=re.escape(str(on_cpu.value).splitlines()[0])) as on_pjrt:
+        out.cpu()
+    assert "an earlier call of aten." in str(on_pjrt.value)
+    out.cpu()  # raised once: the checks it reported are gone
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+def test_synchronous_index_checks_raise_at_the_op(name, monkeypatch):
+    monkeypatch.setenv("TORCH_PJRT_SYNC_INDEX_CHECKS", "1")
+    op = OUT_OF_RANGE[name]
+    x = torch.arange(3.0)
+    with pytest.raises((IndexError, RuntimeError)) as on_cpu:
+        op(x, torch.tensor([3]))
     with pytest.raises(on_cpu.type, match=re.escape(str(on_cpu.value).splitlines()[0])):
-        op(x.to("pjrt"), torch.tensor([bad], device="pjrt"))
+        op(x.to("pjrt"), torch.tensor([3], device="pjrt"))
+
+
+def test_queued_index_errors_raise_at_every_kind_of_host_sync():
+    table = torch.randn(4, 2, device="pjrt")
+    good, bad = torch.tensor([0, 3], device="pjrt"), torch.tensor([1, 4, 9], device="pjrt")
+    for sync in (lambda t: t.cpu(), lambda t: t.sum().item(), lambda t: torch.pjrt.synchronize(), print):
+        out = table[good]  # fine checks before and after the bad one are read too
+        out = table[bad] + out.sum()
+        out = out[good[:1]]
+        with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+            sync(out)
+    assert torch.equal(table[good].cpu(), table.cpu()[[0, 3]])  # nothing left queued, results intact
+
+
+def test_index_checks_stay_bounded_without_host_syncs():
+    table, rows = torch.randn(8, 2, device="pjrt"), torch.tensor([1, 7], device="pjrt")
+    for _ in range(5000):  # more than the queue holds: the queue is read on the way
+        torch.index_select(table, 0, rows)
+    assert len(bounds._queued) <= bounds._MAX_QUEUED
+    bounds.raise_pending()
+    assert not bounds._queued and not bounds._seen
 
 
 def test_cpu_index_tensors_index_pjrt_tensors_like_cuda():

@@ -1,13 +1,23 @@
 """Index bounds, checked in eager as torch's CPU kernels check them.
 
 XLA clamps out-of-range gathers and drops out-of-range scatters; PyTorch raises. Before an
-indexing op runs eagerly, its index tensors are checked here (one small reduction and a
-host sync) and an out-of-range index raises torch's exception type and message. Compiled
-graphs do not check.
+indexing op runs eagerly, a small reduction over its index tensors finds the first
+out-of-range index, and torch's exception type and message are raised for it.
+
+When: by default the reduction is only queued, as CUDA queues its device-side index
+asserts, and the error is raised at the next host sync (a copy to the CPU, `.item()`,
+`torch.pjrt.synchronize()`), naming the op that caused it; so indexing does not stall
+the device. `TORCH_PJRT_SYNC_INDEX_CHECKS=1` waits for each check and raises at the op
+itself (the analogue of `CUDA_LAUNCH_BLOCKING=1` for this error). Compiled graphs do not
+check.
 """
 from __future__ import annotations
 
 import functools
+import math
+import os
+import threading
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -18,55 +28,99 @@ aten = torch.ops.aten
 
 
 def _shape(value) -> tuple:
-    return tuple(value.geometry[0]) if hasattr(value, "geometry") else tuple(np.shape(value))
+    return tuple(value.geometry[0]) if hasattr(value, "geometry") else value.shape
 
 
 def _is_integer(value) -> bool:
     """An index tensor, not a mask (torch treats bool and uint8 index tensors as masks)."""
-    dtype = value.geometry[3] if hasattr(value, "geometry") else value.dtype
+    return _is_index_dtype(value.geometry[3] if hasattr(value, "geometry") else value.dtype)
+
+
+@functools.lru_cache(None)
+def _is_index_dtype(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.integer) and np.dtype(dtype) != np.uint8
 
 
 @functools.lru_cache(None)
 def _first_out_of_range(negative_ok: bool):
-    """jit(index, size) -> (any out of range, position of the first such index, its value)."""
+    """jit(index, size, seen) -> (seen or any out of range, any out of range, position of
+    the first such index, its value); `seen` (None or an earlier check's first output)
+    folds the queued checks into one flag. The size is static: a Python int argument
+    would be a host-to-device copy per call."""
 
-    def find(index, size):
+    def find(index, size, seen):
         flat = index.reshape(-1).astype(jnp.int64)
         bad = (flat >= size) | (flat < (-size if negative_ok else 0))
         position = jnp.argmax(bad)
-        return jnp.any(bad), position, flat[position] if flat.size else jnp.int64(0)
+        found = jnp.any(bad)
+        return found if seen is None else seen | found, found, position, flat[position]
 
-    return jax.jit(find)
-
-
-def _first_offending(index, size: int, negative_ok: bool) -> tuple[int, int] | None:
-    """(flat position, value) of the first out-of-range index, None when all are in range."""
-    if index is None or not _is_integer(index) or int(np.prod(_shape(index))) == 0:
-        return None
-    if hasattr(index, "resolve"):
-        index = index.resolve()
-    bad, position, value = _first_out_of_range(negative_ok)(index, size)
-    return (int(position), int(value)) if bool(bad) else None
+    return jax.jit(find, static_argnums=1)
 
 
-def _offending(index, size: int, negative_ok: bool) -> int | None:
-    found = _first_offending(index, size, negative_ok)
-    return None if found is None else found[1]
+# A probe: (index tensor, the size it addresses, whether negative indices count from the
+# end, (flat position, value) of the first bad index -> the exception torch raises).
+Probe = tuple[object, int, bool, Callable[[int, int], Exception]]
+
+_lock = threading.Lock()
+_queued: list = []  # (found, position, value, exception factory, op) per queued check, oldest first
+_seen: dict[int, jax.Array] = {}  # per device: whether any of its queued checks found a bad index
+_MAX_QUEUED = 4096  # then they are read, so the queue stays small in loops that never sync
+
+
+def check(op, probes: Callable[[list], Iterator[Probe]], values: list, device: int) -> None:
+    """Check an eager call's index tensors on `device`: queue the checks, or raise now when synchronous."""
+    synchronous = os.environ.get("TORCH_PJRT_SYNC_INDEX_CHECKS", "0") not in ("", "0")
+    for index, size, negative_ok, error in probes(values):
+        if index is None or not _is_integer(index) or math.prod(_shape(index)) == 0:
+            continue
+        if hasattr(index, "resolve"):
+            index = index.resolve()
+        find = _first_out_of_range(negative_ok)
+        if synchronous:
+            _raise_first([(*find(index, size, None)[1:], error, None)])
+            continue
+        with _lock:
+            seen, *found = find(index, size, _seen.get(device))
+            _seen[device] = seen
+            _queued.append((*found, error, op))
+    if len(_queued) > _MAX_QUEUED:
+        raise_pending()
+
+
+def raise_pending() -> None:
+    """At a host sync: raise for the first out-of-range index the queued checks found."""
+    if not _queued:  # the common case, without the lock
+        return
+    with _lock:
+        seen, queued = list(_seen.values()), _queued[:]
+        _seen.clear()
+        _queued.clear()
+    if any(jax.device_get(seen)):
+        _raise_first(queued)
+
+
+def _raise_first(checks: list) -> None:
+    for found, position, value, error, op in checks:
+        if jax.device_get(found):
+            exc = error(int(position), int(value))
+            if op is not None:  # found later, at a host sync: say where it came from
+                exc = type(exc)(f"{exc}\n(an earlier call of {op}: pjrt checks indices asynchronously, as CUDA "
+                                "does, and raises at the next host sync; TORCH_PJRT_SYNC_INDEX_CHECKS=1 raises "
+                                "at the call)")
+            raise exc
 
 
 def _along_dim(exc, message, negative_ok=False):
     """Ops with (self, dim, index, ...): the index addresses self's dimension `dim`."""
 
-    def check(values):
+    def probes(values):
         shape = _shape(values[0])
         dim = values[1] % max(len(shape), 1)
         size = shape[dim] if shape else 1
-        bad = _offending(values[2], size, negative_ok)
-        if bad is not None:
-            raise exc(message.format(index=bad, dim=dim, size=size))
+        yield values[2], size, negative_ok, lambda _, bad: exc(message.format(index=bad, dim=dim, size=size))
 
-    return check
+    return probes
 
 
 def _advanced(values):
@@ -77,29 +131,28 @@ def _advanced(values):
             dim += max(len(_shape(index)), 1)
             continue
         if index is not None:
-            bad = _offending(index, shape[dim], negative_ok=True)
-            if bad is not None:
-                raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {shape[dim]}")
+            yield index, shape[dim], True, functools.partial(_advanced_error, dim=dim, size=shape[dim])
         dim += 1
 
 
+def _advanced_error(_, bad, dim, size):
+    return IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
 def _embedding(values):
-    if _offending(values[1], _shape(values[0])[0], negative_ok=False) is not None:
-        raise IndexError("index out of range in self")
+    yield values[1], _shape(values[0])[0], False, lambda _, bad: IndexError("index out of range in self")
 
 
 def _embedding_bag(values):
     size = _shape(values[0])[0]
-    found = _first_offending(values[1], size, negative_ok=False)
-    if found is not None:
-        raise RuntimeError(f"Index {found[0]} of input takes value {found[1]} which is not in the valid range [0, {size})")
+    yield values[1], size, False, lambda position, bad: RuntimeError(
+        f"Index {position} of input takes value {bad} which is not in the valid range [0, {size})")
 
 
 def _take(values):
-    size = int(np.prod(_shape(values[0])))
-    bad = _offending(values[1], size, negative_ok=True)
-    if bad is not None:
-        raise IndexError(f"out of range: tried to access index {bad} on a tensor of {size} elements.")
+    size = math.prod(_shape(values[0]))
+    yield values[1], size, True, lambda _, bad: IndexError(
+        f"out of range: tried to access index {bad} on a tensor of {size} elements.")
 
 
 _OUT_OF_BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"

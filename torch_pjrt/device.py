@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import platform, storage
+from . import bounds, platform, storage
 from ._runtime import load as _load_runtime
 
 _rt = _load_runtime()
@@ -109,6 +109,7 @@ def get_device_capability(device=None) -> tuple[int, int]:
 def synchronize(device=None) -> None:
     """Wait for all work queued on the device (the current one by default)."""
     storage.synchronize(_index(device))
+    bounds.raise_pending()
 
 
 # -- streams and events ----------------------------------------------------------------

@@ -110,7 +110,7 @@ class Kernel:
         self.device_arg = sig.names.index("device") if "device" in sig.names else None
         self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
         self.random = lowering.random or self.generator_arg is not None
-        self.check = bounds.CHECKS.get(lowering.op)
+        self.index_probes = bounds.CHECKS.get(lowering.op)
         self.host_indices = lowering.op in bounds.HOST_INDICES
 
     def compute(self, args: tuple, kwargs: dict):
@@ -139,8 +139,8 @@ class Kernel:
                 values[i] = arrays
         if device is None:
             device = _rt.current_device()
-        if self.check is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
-            self.check(values)
+        if self.index_probes is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
+            bounds.check(op, self.index_probes, values, device)
         for i in self.scalar_args:
             if values[i].__class__ in (int, float, bool, complex):
                 values[i] = _weak_scalar(values[i])
@@ -171,7 +171,7 @@ class Kernel:
         """Per argument, how the C++ kernel (runtime.cpp, FastKernel) passes it to the
         executable; None when this op needs the Python kernel for every call (tensor
         lists, randomness, bounds checks, a device argument, non-tensor returns)."""
-        if (self.list_args or self.scalar_list_args or self.random or self.check is not None or self.host_indices
+        if (self.list_args or self.scalar_list_args or self.random or self.index_probes is not None or self.host_indices
                 or self.device_arg is not None):
             return None
         if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import platform
+from . import bounds, platform
 from ._runtime import load as _load_runtime
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
 
@@ -309,5 +309,6 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
 
 
 def download(t: torch.Tensor) -> torch.Tensor:
-    """A pjrt tensor's value as a new host tensor."""
+    """A pjrt tensor's value as a new host tensor (a host sync: queued index checks raise)."""
+    bounds.raise_pending()
     return from_numpy(np.asarray(read(t)))

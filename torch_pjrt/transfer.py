@@ -10,7 +10,7 @@ import functools
 import jax
 import torch
 
-from . import platform, storage
+from . import bounds, platform, storage
 from .dtypes import to_jax
 
 aten = torch.ops.aten
@@ -82,6 +82,7 @@ def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
 
 
 def local_scalar_dense(self: torch.Tensor):
+    bounds.raise_pending()  # a host sync, as download's
     return storage.read(self).item()
 
 

@@ -248,6 +248,7 @@ def test_embedding_bag_index_out_of_range_raises_as_on_cpu():
     weight, offsets = make((10, 3)), torch.tensor([0])
     with pytest.raises(RuntimeError, match=r"Index 1 of input takes value 10 which is not in the valid range \[0, 10\)"):
         aten._embedding_bag(weight.to("pjrt"), torch.tensor([1, 10]).to("pjrt"), offsets.to("pjrt"))
+        torch.pjrt.synchronize()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
