@@ -9,6 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parametrizations, parametrize
 
+import torch_pjrt
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
@@ -145,7 +147,9 @@ def test_func_jacrev_jacfwd_hessian():
         return (torch.func.jacrev(f)(x), torch.func.jacfwd(f)(x),
                 torch.func.hessian(lambda t: t.pow(3).sum() + t.prod())(x))
 
+    before = dict(torch_pjrt.fallback_ops())
     compare(run)
+    assert torch_pjrt.fallback_ops() == before  # every op lowered, jacrev's zero tensors too
 
 
 def test_func_functional_call_per_sample_gradients():

@@ -138,6 +138,15 @@ def test_empty_like_and_new_empty_are_zeros():
         torch.testing.assert_close(out, torch.zeros(2, 3))
 
 
+def test_efficientzerotensor_is_zeros():
+    """torch.func's zero gradients: CPU gives a ZeroTensor, pjrt plain zeros of the same value."""
+    for dtype in (None, torch.float64, torch.int32):
+        cpu = aten._efficientzerotensor.default([2, 3], dtype=dtype)
+        out = aten._efficientzerotensor.default([2, 3], dtype=dtype, device="pjrt")
+        assert out.device.type == "pjrt" and out.dtype == cpu.dtype and not out._is_zerotensor()
+        torch.testing.assert_close(out.cpu(), torch.zeros(2, 3, dtype=cpu.dtype))
+
+
 @pytest.mark.parametrize("value", [3, 2.5, True, -1, 1 + 2j])
 def test_full_scalar_tensor(value):
     check(aten.full.default, [2, 3], value)

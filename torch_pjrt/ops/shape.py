@@ -262,6 +262,13 @@ def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=N
     return filled(size, fill_value, _dtype_or(dtype, infer_fill_dtype(fill_value)))
 
 
+@lowering(aten._efficientzerotensor.default)
+def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch.func's zero gradients: plain zeros here. pjrt tensors have no ZeroTensor
+    dispatch key, which only spares the memory; the values and dtype are the same."""
+    return jnp.zeros(tuple(size), _dtype_or(dtype, default_float()))
+
+
 @lowering(aten.scalar_tensor.default)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled((), s, _dtype_or(dtype, default_float()))
