@@ -149,6 +149,16 @@ def test_queued_index_errors_raise_at_every_kind_of_host_sync():
     assert torch.equal(table[good].cpu(), table.cpu()[[0, 3]])  # nothing left queued, results intact
 
 
+def test_an_index_error_raised_while_printing_leaves_vmap_working():
+    """torch's tensor printing disables functorch inside its frame; the error must not keep
+    that frame alive (through a reference cycle) after it was handled."""
+    x = torch.randn(4, 2, device="pjrt")
+    with pytest.raises(IndexError):
+        print(x[torch.tensor([7], device="pjrt")])
+    y = torch.randn(3, 4, device="pjrt")
+    torch.testing.assert_close(torch.func.vmap(torch.dot)(y, y).cpu(), (y * y).sum(1).cpu())
+
+
 def test_index_checks_stay_bounded_without_host_syncs():
     table, rows = torch.randn(8, 2, device="pjrt"), torch.tensor([1, 7], device="pjrt")
     for _ in range(5000):  # more than the queue holds: the queue is read on the way

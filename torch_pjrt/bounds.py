@@ -103,12 +103,17 @@ def raise_pending() -> None:
 def _raise_first(checks: list) -> None:
     for found, position, value, error, op in checks:
         if jax.device_get(found):
-            exc = error(int(position), int(value))
-            if op is not None:  # found later, at a host sync: say where it came from
-                exc = type(exc)(f"{exc}\n(an earlier call of {op}: pjrt checks indices asynchronously, as CUDA "
-                                "does, and raises at the next host sync; TORCH_PJRT_SYNC_INDEX_CHECKS=1 raises "
-                                "at the call)")
-            raise exc
+            # No local holds the exception: a frame <-> traceback cycle would keep the frames
+            # alive until the next gc, and torch's tensor printing holds a guard that
+            # disables functorch in its frame (vmap breaks if print raised here).
+            raise _from_earlier_call(error(int(position), int(value)), op)
+
+
+def _from_earlier_call(exc: Exception, op) -> Exception:
+    if op is None:  # raised at the call itself
+        return exc
+    return type(exc)(f"{exc}\n(an earlier call of {op}: pjrt checks indices asynchronously, as CUDA does, and "
+                     "raises at the next host sync; TORCH_PJRT_SYNC_INDEX_CHECKS=1 raises at the call)")
 
 
 def _along_dim(exc, message, negative_ok=False):
