@@ -155,8 +155,8 @@ def test_an_index_error_raised_while_printing_leaves_vmap_working():
     x = torch.randn(4, 2, device="pjrt")
     with pytest.raises(IndexError):
         print(x[torch.tensor([7], device="pjrt")])
-    y = torch.randn(3, 4, device="pjrt")
-    torch.testing.assert_close(torch.func.vmap(torch.dot)(y, y).cpu(), (y * y).sum(1).cpu())
+    y = torch.randn(2, 3, 4, device="pjrt")
+    torch.testing.assert_close(torch.func.vmap(torch.func.vmap(torch.dot))(y, y).cpu(), (y * y).sum(2).cpu())
 
 
 def test_index_checks_stay_bounded_without_host_syncs():
