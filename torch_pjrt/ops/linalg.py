@@ -106,10 +106,11 @@ def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
     return (_mH(L) if upper else L), info
 
 
-@lowering(aten.cholesky.default)
-def cholesky(self, upper=False):
-    L = _cholesky_lower(self)
-    return _mH(L) if upper else L
+if hasattr(aten, "cholesky"):  # torch 2.14 removed aten::cholesky (torch.cholesky only raises there)
+    @lowering(aten.cholesky.default)
+    def cholesky(self, upper=False):
+        L = _cholesky_lower(self)
+        return _mH(L) if upper else L
 
 
 def _cholesky_solve(b, factor, upper):
