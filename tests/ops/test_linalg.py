@@ -30,7 +30,8 @@ def run(op, *args, **kwargs):
 def test_cholesky(dtype, upper):
     a = spd(2, 4, 4, dtype=dtype)
     L, info = check(aten.linalg_cholesky_ex.default, a, upper=upper, **TOL)
-    check(aten.cholesky.default, a, upper, **TOL)
+    if hasattr(aten, "cholesky"):  # torch 2.14 removed aten::cholesky; linalg_cholesky_ex above covers it there
+        check(aten.cholesky.default, a, upper, **TOL)
     b = r(2, 4, 3, dtype=dtype, seed=1)
     check(aten.cholesky_solve.default, b, L, upper, **TOL)
     check(aten._cholesky_solve_helper.default, b, L, upper, **TOL)
