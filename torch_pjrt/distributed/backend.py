@@ -121,6 +121,24 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         # object collectives pick "cpu" when it is listed: pickled objects are host memory
         return [torch.device("cpu"), torch.device("pjrt")]
 
+    # What torch asks of a group's per-device Backend. torch >= 2.14's batch_isend_irecv calls
+    # group._get_backend(device) on any ProcessGroup instance, Python subclasses included (2.13
+    # checked `type(group) is ProcessGroup` first), and the C++ lookup raises for a Python group,
+    # which registers no Backend. This group serves cpu and pjrt itself, so it answers for both:
+    # no NCCL-style coalescing, splitting, time estimates or backend-allocated tensors.
+    supports_coalescing = False
+    supports_splitting = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def _get_backend(self, device) -> ProcessGroupPjrt:
+        device_type = torch.device(device).type
+        if device_type not in ("cpu", "pjrt"):  # as the C++ lookup answers; callers catch RuntimeError
+            raise RuntimeError(f"No backend type associated with device type {device_type}")
+        return self
+
     def _what(self, op: str) -> str:
         return (f"{op} on process group '{self._group_name}' (global ranks {self.global_ranks}; this is group rank "
                 f"{self.rank()}, pjrt:{self.device_index})")
