@@ -72,6 +72,25 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+def test_a_lowering_module_imported_again_does_not_hide_the_first_error():
+    """After a lowering module failed part way through its import, the next import runs it
+    again; its lowerings register again instead of raising "already has a lowering" (which
+    hid the real error). A second, different lowering for an op is still refused."""
+    code = (
+        "import importlib, sys, torch, torch_pjrt\n"
+        "from torch_pjrt.ops.registry import lowering\n"
+        "sys.modules.pop('torch_pjrt.ops.linalg')\n"
+        "importlib.import_module('torch_pjrt.ops.linalg')\n"
+        "try:\n"
+        "    lowering(torch.ops.aten.linalg_cholesky_ex.default)(lambda x: x)\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert "already has a lowering (torch_pjrt.ops.linalg.linalg_cholesky_ex)" in result.stdout
+
+
 def test_fallback_modes():
     # aten::_fft_c2c has no lowering in this table snapshot? use an op that certainly falls back: a test-only op
     code = (

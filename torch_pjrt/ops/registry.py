@@ -52,8 +52,11 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
         for op in ops:
             if not isinstance(op, OpOverload):
                 raise TypeError(f"lowering({op}): pass an overload such as aten.add.Tensor, not a packet")
-            if op in LOWERINGS:
-                raise ValueError(f"{op} already has a lowering ({LOWERINGS[op].fn.__qualname__})")
+            known = LOWERINGS.get(op)
+            # The same function again is its module imported again after an import failed part
+            # way; that failure, not this, is the error to show.
+            if known is not None and (known.fn.__module__, known.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+                raise ValueError(f"{op} already has a lowering ({known.fn.__module__}.{known.fn.__qualname__})")
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced))
         return fn
 
