@@ -283,6 +283,19 @@ def test_export_returns_stablehlo_text():
     assert "tensor<2x6xf32>" in text and "tensor<2x3xf32>" in text
 
 
+def test_export_works_twice_in_one_process():
+    """The StableHLO submodule once shadowed the `export` function after the first call
+    ("'module' object is not callable" on the second)."""
+    import torch_pjrt
+
+    ref = mlp().eval()
+    texts = [torch_pjrt.export(ref, (torch.randn(2, 6),)), torch_pjrt.export(ref, (torch.randn(4, 6),)),
+             pjrt_compile.export(ref, (torch.randn(2, 6),))]
+    assert callable(pjrt_compile.export) and not isinstance(pjrt_compile.export, type(pjrt_compile))
+    assert all("func.func public @main" in t and "stablehlo.dot_general" in t for t in texts)
+    assert "tensor<2x6xf32>" in texts[0] and "tensor<4x6xf32>" in texts[1]
+
+
 def test_persistent_cache_is_reused_by_a_second_process(tmp_path):
     script = textwrap.dedent("""
         import os, torch, torch_pjrt

@@ -16,8 +16,8 @@ __all__ = ["pjrt_backend", "compile_stats", "reset_compile_stats", "LoweringErro
 
 
 def export(model, example_args, example_kwargs=None, **kwargs):
-    """StableHLO text of `model` traced by torch.export (see export.py)."""
-    from .export import export as _export
+    """StableHLO text of `model` traced by torch.export (see stablehlo.py)."""
+    from .stablehlo import export as _export
 
     return _export(model, example_args, example_kwargs, **kwargs)
 
