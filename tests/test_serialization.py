@@ -68,3 +68,62 @@ def test_safetensors_state_dict(tmp_path):
         assert loaded[k].device.type == "pjrt"
         assert torch.equal(loaded[k].cpu(), sd[k].cpu())
     safetensors_torch.save_model(torch.nn.Linear(2, 2).to("pjrt"), str(tmp_path / "lin.safetensors"))
+
+
+# torch.save(..., _use_new_zipfile_serialization=False): the legacy format writes and reads
+# storages through the C++ _write_file/_set_from_file, which pjrt routes through the host.
+def legacy_roundtrip(obj, **load_kwargs):
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=False)
+    buf.seek(0)
+    return torch.load(buf, **load_kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_legacy_format_tensor_matches_cpu(dtype):
+    cpu = (torch.arange(6) - 2).reshape(2, 3).to(dtype)
+    t = cpu.to("pjrt:1")
+    back = legacy_roundtrip(t)
+    assert back.device == torch.device("pjrt:1") and back.dtype == dtype
+    assert torch.equal(back.cpu(), legacy_roundtrip(cpu))
+    on_cpu = legacy_roundtrip(t, map_location="cpu")
+    assert on_cpu.device.type == "cpu" and torch.equal(on_cpu, cpu)
+    assert legacy_roundtrip(t, map_location="pjrt:0").device == torch.device("pjrt:0")
+    from_cpu = legacy_roundtrip(cpu, map_location="pjrt")
+    assert from_cpu.device.type == "pjrt" and torch.equal(from_cpu.cpu(), cpu)
+
+
+def test_legacy_format_real_file(tmp_path):
+    t = torch.randn(4, 5).to("pjrt")
+    path = tmp_path / "legacy.pt"
+    torch.save({"t": t, "n": 3}, path, _use_new_zipfile_serialization=False)
+    assert torch.equal(torch.load(path)["t"].cpu(), t.cpu())
+    back = torch.load(path, map_location="cpu")
+    assert back["n"] == 3 and back["t"].device.type == "cpu" and torch.equal(back["t"], t.cpu())
+
+
+def test_legacy_format_view_sharing_survives():
+    a = torch.arange(6.0, device="pjrt")
+    d = legacy_roundtrip({"a": a, "v": a[2:4]})
+    assert d["v"].untyped_storage().data_ptr() == d["a"].untyped_storage().data_ptr()
+    d["v"].fill_(-1)
+    assert d["a"].cpu().tolist() == [0.0, 1.0, -1.0, -1.0, 4.0, 5.0]
+    cpu = torch.arange(6.0)
+    expected = legacy_roundtrip({"a": cpu, "v": cpu[2:4]})  # CPU torch's behaviour, the reference
+    on_cpu = legacy_roundtrip({"a": a, "v": a[2:4]}, map_location="cpu")
+    assert on_cpu["v"].untyped_storage().data_ptr() == on_cpu["a"].untyped_storage().data_ptr()
+    assert torch.equal(on_cpu["a"], a.cpu()) and torch.equal(expected["v"], on_cpu["v"])
+
+
+def test_legacy_format_module_state_dict():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("pjrt")
+    for kwargs in ({}, {"map_location": "cpu"}):
+        state = legacy_roundtrip(model.state_dict(), **kwargs)
+        for k, v in model.state_dict().items():
+            assert state[k].device.type == ("cpu" if kwargs else "pjrt")
+            assert torch.equal(state[k].cpu(), v.cpu())
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    fresh.load_state_dict(legacy_roundtrip(model.state_dict(), map_location="cpu"))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fresh(x), model(x.to("pjrt")).cpu())

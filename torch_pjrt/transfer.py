@@ -122,3 +122,32 @@ def refuse_dlpack(original):
         return original(tensor, *args, **kwargs)
 
     return to_dlpack
+
+
+def legacy_serialization_through_cpu() -> None:
+    """torch.save's legacy (non-zipfile) format writes each storage with the C++
+    `UntypedStorage._write_file` and torch.load reads it back with `_set_from_file`; for a
+    non-CPU storage both copy through a `from_blob` tensor over its data pointer. A pjrt
+    data pointer is a handle, not device memory, so that tensor has no pjrt storage behind
+    it ("not allocated by the pjrt allocator"). Route pjrt storages through a host
+    storage instead, as the zipfile format does (`storage.cpu()` to save, a storage copy
+    to load): same bytes in the file, and loading restores them to pjrt (or map_location)
+    with views still sharing their storage, as on CUDA."""
+    write_file, set_from_file = torch.UntypedStorage._write_file, torch.UntypedStorage._set_from_file
+    if getattr(write_file, "_pjrt_wrapped", False):
+        return
+
+    def _write_file(self, f, is_real_file, save_size, element_size):
+        return write_file(self.cpu() if self.device.type == "pjrt" else self, f, is_real_file, save_size, element_size)
+
+    def _set_from_file(self, f, offset, is_real_file, element_size):
+        if self.device.type != "pjrt":
+            return set_from_file(self, f, offset, is_real_file, element_size)
+        host = torch.UntypedStorage(self.nbytes())
+        set_from_file(host, f, offset, is_real_file, element_size)
+        self.copy_(host)
+        return self
+
+    _write_file._pjrt_wrapped = True
+    torch.UntypedStorage._write_file = _write_file
+    torch.UntypedStorage._set_from_file = _set_from_file
