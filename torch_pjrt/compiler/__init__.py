@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
+from . import optimizers
 from .backend import pjrt_backend
 from .interpreter import LoweringError
 from .stats import compile_stats, reset_compile_stats
@@ -52,3 +53,4 @@ def _register() -> None:
 
 _skip_in_dynamo()
 _register()
+optimizers.install()

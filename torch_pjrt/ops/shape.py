@@ -238,6 +238,13 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
     return self if dtype is None else convert(self, to_jax(dtype))
 
 
+# Dynamo's float arguments reach graphs as 0-d float64 tensors converted by this prim
+# (torch.fx.passes._tensorify_python_scalars), which AOTAutograd leaves in place.
+@lowering(torch.ops.prims.convert_element_type.default)
+def convert_element_type(a, dtype):
+    return convert(a, to_jax(dtype))
+
+
 # --------------------------------------------------------------------------- fills and factories
 # fill.Scalar / fill.Tensor / zero are elementwise's lowerings.
 
