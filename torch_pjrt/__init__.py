@@ -31,6 +31,9 @@ def _setup() -> None:
         from . import storage
 
         rt.init(len(devices), [platform.memory_capacity(i) for i in range(len(devices))], storage.synchronize)
+    from . import dtypes
+
+    rt.set_unsupported_dtype_handler(dtypes.raise_unsupported_dtype)  # empty() of a dtype JAX cannot hold
     torch.utils.rename_privateuse1_backend("pjrt")
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from . import device as device_module
@@ -46,6 +49,7 @@ def _setup() -> None:
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")
+    _fallback_library.fallback(fallback.refuse_quantized, fallback.QUANTIZED_KEY)  # one clear error (fallback.py)
     from . import autocast
 
     autocast.register()

@@ -30,13 +30,39 @@ for _name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnu
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
+class UnsupportedDtypeError(RuntimeError, TypeError):
+    """A dtype JAX/XLA cannot hold (bits8, uint4, complex32, float4_e2m1fn_x2, ...).
+
+    Raised at creation (empty, empty_strided, copies and factories to pjrt). A RuntimeError,
+    as torch raises for a dtype a backend has no kernels for, and a TypeError, the type
+    to_jax raised before, so callers that catch either keep working."""
+
+
+def unsupported_dtype(dtype: torch.dtype, device=None) -> UnsupportedDtypeError:
+    """The error for a dtype JAX cannot hold; `device` (a pjrt index or device) is named when known."""
+    where = "" if device is None else f"asked for on {f'pjrt:{device}' if isinstance(device, int) else device}; "
+    if dtype.is_complex:
+        instead = "complex64"
+    elif dtype.is_floating_point:
+        instead = "bfloat16, float16 or a float8 type"
+    else:
+        instead = "uint8 for raw bits, or another integer type"
+    return UnsupportedDtypeError(
+        f"pjrt: dtype {dtype} is not supported on pjrt devices ({where}JAX/XLA has no such type); "
+        f"keep such tensors on the CPU, or use a supported dtype ({instead})")
+
+
+def raise_unsupported_dtype(dtype: torch.dtype, device: int) -> None:
+    """Called by the runtime's empty/empty_strided for a dtype not in TORCH_TO_JAX."""
+    raise unsupported_dtype(dtype, device)
+
+
 def to_jax(dtype: torch.dtype) -> np.dtype:
-    """The JAX dtype of a torch dtype; a TypeError names a dtype JAX cannot hold."""
+    """The JAX dtype of a torch dtype; UnsupportedDtypeError names a dtype JAX cannot hold."""
     try:
         return TORCH_TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"pjrt: dtype {dtype} is not supported on pjrt devices (JAX/XLA has no such type); "
-                        f"convert the tensor to a supported dtype first") from None
+        raise unsupported_dtype(dtype) from None
 
 
 def to_torch(dtype) -> torch.dtype:

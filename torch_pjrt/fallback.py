@@ -79,6 +79,7 @@ def run(op, *args, **kwargs):
         )
     if any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns):
         raise NotImplementedError(f"pjrt: view op {name} has no pjrt kernel; a CPU copy would break aliasing")
+    result = _on_cpu(op, args, kwargs)  # counted and warned about once it ran (not when it raised)
     if _counts[name] == 0 and how == "warn":
         warnings.warn(
             f"pjrt: {name} has no pjrt lowering and runs on the CPU (slow: copies to host and back). "
@@ -86,7 +87,50 @@ def run(op, *args, **kwargs):
             stacklevel=2,
         )
     _counts[name] += 1
-    return _on_cpu(op, args, kwargs)
+    return result
+
+
+# Dtypes pjrt storages cannot hold. A pjrt storage is one dense JAX array, so torch's
+# quantized dtypes (quint8, qint8, qint32, quint4x2, quint2x4: a tensor plus a quantizer)
+# have no pjrt form. Their dispatch key (QuantizedPrivateUse1) gets a fallback that raises
+# this error, as does a CPU fallback whose result has such a dtype.
+# NotImplementedError, the type torch raises for a kernel a backend lacks.
+QUANTIZED_KEY = "QuantizedPrivateUse1"
+
+
+def quantized_unsupported(name: str, devices=(), dtype=None) -> NotImplementedError:
+    where = ", ".join(([f"dtype {dtype}"] if dtype is not None else []) + list(devices))
+    return NotImplementedError(
+        f"pjrt: {name}: quantized tensors (torch.quint8, qint8, qint32, quint4x2, quint2x4) are not supported on "
+        f"pjrt devices{f' ({where})' if where else ''}. Keep quantized values as plain int8/uint8 tensors with "
+        f"float scales (as torchao's int8 schemes store them; those are ordinary pjrt tensors), or quantize on the "
+        f"CPU and move q.dequantize() (or q.int_repr()) to pjrt.")
+
+
+def _tensor_devices(args, kwargs) -> list[str]:
+    """The devices of a call's tensors and device arguments (pjrt without an index: the current one)."""
+    found = {str(x.device) for x in flat_arguments(args, kwargs) if isinstance(x, torch.Tensor)}
+    for x in flat_arguments(args, kwargs):
+        if isinstance(x, torch.device) and x.type == "pjrt":
+            found.add(str(x) if x.index is not None else f"pjrt:{torch.pjrt.current_device()}")
+    return sorted(found)
+
+
+def refuse_quantized(op, *args, **kwargs):
+    """The boxed fallback of QuantizedPrivateUse1: every op reaching it raises."""
+    dtype = kwargs.get("dtype")
+    dtype = dtype if isinstance(dtype, torch.dtype) else next(
+        (x.dtype for x in flat_arguments(args, kwargs) if isinstance(x, torch.Tensor) and x.is_quantized), None)
+    raise quantized_unsupported(str(op), _tensor_devices(args, kwargs), dtype)
+
+
+def _check_holdable(name: str, result, devices) -> None:
+    """A CPU result pjrt cannot hold (quantized) raises instead of failing in the upload."""
+    results = result if isinstance(result, (list, tuple)) else [result]
+    for r in results:
+        if isinstance(r, torch.Tensor):
+            if r.is_quantized:
+                raise quantized_unsupported(name, devices, r.dtype)
 
 
 def flat_arguments(args, kwargs):
@@ -120,6 +164,7 @@ def _on_cpu(op, args, kwargs):
     cpu_args = [_to_cpu(a, twins) for a in args]
     cpu_kwargs = {k: _to_cpu(v, twins) for k, v in kwargs.items()}
     result = op(*cpu_args, **cpu_kwargs)
+    _check_holdable(str(op), result, [f"pjrt:{device}"])
     for original, twin in _written(op, args, kwargs, cpu_args, cpu_kwargs):  # write back what the op mutated
         if tuple(original.shape) != tuple(twin.shape):
             original.resize_(twin.shape)

@@ -8,7 +8,8 @@
 //  * Memory statistics and a capacity limit per device (an allocation past it raises
 //    torch.OutOfMemoryError, like CUDA's caching allocator).
 //  * Metadata-only kernels (empty, empty_strided, as_strided, view, _reshape_alias,
-//    resize_, set_): no data moves, so they never touch Python.
+//    resize_, set_): no data moves, so they never touch Python (empty of a dtype JAX
+//    cannot hold raises Python's error, dtypes.raise_unsupported_dtype).
 // Everything that computes lives in Python (storage.py, the op table).
 #include <torch/extension.h>
 #include <torch/csrc/Dtype.h>
@@ -440,17 +441,41 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
 // ---------------------------------------------------------------------------
 static c10::DispatchKeySet pjrt_keys() { return c10::DispatchKeySet(c10::DispatchKey::PrivateUse1); }
 
+// Dtypes a storage can hold: those with a JAX dtype (set_dtype_map). An empty tensor of
+// another dtype (bits8, uint4, complex32, ...) would only fail when first read, so empty
+// refuses it at creation with Python's error (g_unsupported_dtype raises it).
+static std::array<bool, 256> g_dtype_supported{};
+static bool g_dtype_table_set = false;
+static PyObject* g_unsupported_dtype = nullptr;  // Python callable(dtype, device index) that raises
+
+void set_unsupported_dtype_handler(py::function raise_error) {
+  Py_XDECREF(g_unsupported_dtype);
+  g_unsupported_dtype = raise_error.release().ptr();
+}
+
+static c10::ScalarType checked_dtype(std::optional<c10::ScalarType> dtype, std::optional<c10::Device> device) {
+  c10::ScalarType type = c10::dtype_or_default(dtype);
+  if (C10_LIKELY(!g_dtype_table_set || g_dtype_supported[static_cast<uint8_t>(type)])) return type;
+  c10::DeviceIndex index = device && device->has_index() ? device->index() : g_current_device;
+  if (g_unsupported_dtype) {
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::object>(g_unsupported_dtype)(type, index);  // raises
+  }
+  TORCH_CHECK(false, "pjrt: dtype ", type, " is not supported on pjrt:", int(index));
+  return type;  // not reached
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout>, std::optional<c10::Device> device,
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(c10::device_or_default(device));
-  return at::detail::empty_generic(size, &g_allocator, pjrt_keys(), c10::dtype_or_default(dtype), memory_format);
+  return at::detail::empty_generic(size, &g_allocator, pjrt_keys(), checked_dtype(dtype, device), memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(c10::device_or_default(device));
-  return at::detail::empty_strided_generic(size, stride, &g_allocator, pjrt_keys(), c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, pjrt_keys(), checked_dtype(dtype, device));
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -591,6 +616,9 @@ at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtyp
 static PyObject* g_torch_dtypes = nullptr;
 
 void set_dtype_map(py::dict jax_to_torch) {
+  g_dtype_supported.fill(false);
+  for (auto item : jax_to_torch) g_dtype_supported[static_cast<uint8_t>(item.second.cast<c10::ScalarType>())] = true;
+  g_dtype_table_set = true;
   Py_XDECREF(g_torch_dtypes);
   g_torch_dtypes = jax_to_torch.release().ptr();
 }
@@ -966,6 +994,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("wrap", &tp::wrap);
   m.def("wrap_array", &tp::wrap_array);
   m.def("set_dtype_map", &tp::set_dtype_map);
+  m.def("set_unsupported_dtype_handler", &tp::set_unsupported_dtype_handler);
   m.def("storage_nbytes", &tp::storage_nbytes);
   m.def("set_eager_helpers", &tp::set_eager_helpers);
   m.def("register_fast_kernel", &tp::register_fast_kernel);
