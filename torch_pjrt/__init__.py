@@ -49,7 +49,9 @@ def _setup() -> None:
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")
-    _fallback_library.fallback(fallback.refuse_quantized, fallback.QUANTIZED_KEY)  # one clear error (fallback.py)
+    for key in fallback.SPARSE_KEYS:  # sparse layouts and quantized dtypes: one clear error (fallback.py)
+        _fallback_library.fallback(fallback.refuse_sparse, key)
+    _fallback_library.fallback(fallback.refuse_quantized, fallback.QUANTIZED_KEY)
     from . import autocast
 
     autocast.register()

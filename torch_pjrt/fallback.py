@@ -90,12 +90,22 @@ def run(op, *args, **kwargs):
     return result
 
 
-# Dtypes pjrt storages cannot hold. A pjrt storage is one dense JAX array, so torch's
-# quantized dtypes (quint8, qint8, qint32, quint4x2, quint2x4: a tensor plus a quantizer)
-# have no pjrt form. Their dispatch key (QuantizedPrivateUse1) gets a fallback that raises
-# this error, as does a CPU fallback whose result has such a dtype.
+# Layouts and dtypes pjrt storages cannot hold. A pjrt storage is one dense JAX array, so
+# sparse layouts (COO, CSR/CSC/BSR/BSC) and torch's quantized dtypes (quint8, qint8,
+# qint32, quint4x2, quint2x4: a tensor plus a quantizer) have no pjrt form. Their dispatch
+# keys (SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1) get a fallback that
+# raises these errors, as does a CPU fallback whose result has such a layout or dtype.
 # NotImplementedError, the type torch raises for a kernel a backend lacks.
+SPARSE_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1")
 QUANTIZED_KEY = "QuantizedPrivateUse1"
+
+
+def sparse_unsupported(name: str, devices=()) -> NotImplementedError:
+    where = f" (devices: {', '.join(devices)})" if devices else ""
+    return NotImplementedError(
+        f"pjrt: {name}: sparse tensors (torch.sparse_coo, sparse_csr, sparse_csc, sparse_bsr, sparse_bsc) are not "
+        f"supported on pjrt devices{where}. Use dense tensors on pjrt (sparse.to_dense().to('pjrt'); "
+        f"nn.Embedding and nn.EmbeddingBag with sparse=False, the default), or keep the sparse tensor on the CPU.")
 
 
 def quantized_unsupported(name: str, devices=(), dtype=None) -> NotImplementedError:
@@ -116,6 +126,11 @@ def _tensor_devices(args, kwargs) -> list[str]:
     return sorted(found)
 
 
+def refuse_sparse(op, *args, **kwargs):
+    """The boxed fallback of the sparse pjrt dispatch keys: every op reaching one raises."""
+    raise sparse_unsupported(str(op), _tensor_devices(args, kwargs))
+
+
 def refuse_quantized(op, *args, **kwargs):
     """The boxed fallback of QuantizedPrivateUse1: every op reaching it raises."""
     dtype = kwargs.get("dtype")
@@ -125,10 +140,12 @@ def refuse_quantized(op, *args, **kwargs):
 
 
 def _check_holdable(name: str, result, devices) -> None:
-    """A CPU result pjrt cannot hold (quantized) raises instead of failing in the upload."""
+    """A CPU result pjrt cannot hold (sparse, quantized) raises instead of failing in the upload."""
     results = result if isinstance(result, (list, tuple)) else [result]
     for r in results:
         if isinstance(r, torch.Tensor):
+            if r.layout != torch.strided:
+                raise sparse_unsupported(name, devices)
             if r.is_quantized:
                 raise quantized_unsupported(name, devices, r.dtype)
 
