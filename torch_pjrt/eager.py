@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import bounds, platform, storage
+from . import bounds, errors, platform, storage
 from ._runtime import load as _load_runtime
 from .dtypes import TORCH_TO_JAX, to_jax, to_torch
 from .ops.jitted import executable, hashable, static_positions
@@ -34,10 +34,6 @@ class DeviceMismatch(RuntimeError):
     pass
 
 
-def _op_label(op) -> str:
-    return f"{op._schema.name}.{op._overloadname}" if op._overloadname != "default" else op._schema.name
-
-
 def _device_index(device) -> int:
     if device is None:
         return _rt.current_device()
@@ -48,7 +44,7 @@ def _device_index(device) -> int:
 def _mismatch(op, a: str, b: str, arg: str):
     raise RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, {a} and {b}! "
-        f"(when checking argument '{arg}' in {_op_label(op)})"
+        f"(when checking argument '{arg}' in {errors.op_label(op)})"
     )
 
 
@@ -100,7 +96,7 @@ class Kernel:
         self.op = lowering.op
         self.lowering = lowering
         self.sig = sig = Signature.of(lowering.op)
-        self.run = executable(lowering)
+        self.run = executable(lowering, check=errors.meta_check)
         self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.static_args = static_positions(lowering, sig)
@@ -115,6 +111,17 @@ class Kernel:
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
+        try:
+            return self._compute(args, kwargs)
+        except Exception as e:  # noqa: BLE001  (only the failure path pays: see errors.py)
+            error = errors.as_torch_error(self.op, *self.sig.split(self.sig.bind(args, kwargs)), e)
+            if error is None:  # CPU accepts what the meta check refused: run unchecked
+                return self._compute(args, kwargs)
+            if error is e:
+                raise
+            raise error from error.__cause__
+
+    def _compute(self, args: tuple, kwargs: dict):
         values = self.sig.bind(args, kwargs)
         device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
         names, op = self.sig.names, self.op
@@ -201,7 +208,7 @@ _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt"
 def _check_castable(op, result_dtype, out: torch.Tensor):
     if not torch.can_cast(result_dtype, out.dtype):
         raise RuntimeError(
-            f"{_op_label(op)}: result type {_torch_name(result_dtype)} can't be cast to the desired output type "
+            f"{errors.op_label(op)}: result type {_torch_name(result_dtype)} can't be cast to the desired output type "
             f"{_torch_name(out.dtype)}"
         )
 
@@ -222,12 +229,12 @@ def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
             if target.numel() != 0:
                 warnings.warn(
                     f"An output with one or more elements was resized since it had shape {list(target.shape)}, "
-                    f"which does not match the required output shape {list(shape)}. (in {_op_label(op)})"
+                    f"which does not match the required output shape {list(shape)}. (in {errors.op_label(op)})"
                 )
             target.resize_(shape)
         elif np.broadcast_shapes(shape, tuple(target.shape)) != tuple(target.shape):
             raise RuntimeError(
-                f"{_op_label(op)}: output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}"
+                f"{errors.op_label(op)}: output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}"
             )
     storage.write(target, value)
 
@@ -240,8 +247,10 @@ class InplaceKernel:
         self.self_is_list = Signature.of(op).kinds[0] == TENSOR_LIST
 
     def __call__(self, *args, **kwargs):
-        result, _ = self.functional.compute(args, kwargs)
         target = args[0] if args else kwargs["self"]
+        if not self.self_is_list and errors.may_overlap(target, args, kwargs):
+            errors.check_writes(self.op, args, kwargs, [target])  # CPU refuses writes through overlapping memory
+        result, _ = self.functional.compute(args, kwargs)
         if self.self_is_list:
             for t, v in zip(target, result):
                 _store(self.op, t, v, resize=False)
@@ -273,8 +282,11 @@ class MutatingKernel:
         self.single = len(self.written) == 1 and fresh == 0
 
     def __call__(self, *args, **kwargs):
-        result, device = self.kernel.compute(args, kwargs)
         values = self.kernel.sig.bind(args, kwargs)
+        written = _flat_tensors(values[i] for i in self.written)
+        if any(errors.may_overlap(t, args, kwargs) for t in written):
+            errors.check_writes(self.op, args, kwargs, written)  # CPU refuses writes through overlapping memory
+        result, device = self.kernel.compute(args, kwargs)
         results = [result] if self.single else list(result)
         for i, new in zip(self.written, results):
             if isinstance(values[i], (list, tuple)):
@@ -296,6 +308,8 @@ class OutKernel:
         self.out_names = [sig.names[i] for i in sig.written]
 
     def __call__(self, *args, **kwargs):
+        outs = [kwargs[n] for n in self.out_names]
+        errors.check_writes(self.op, args, kwargs, _flat_tensors(outs))  # out='s rules are the op's own
         outs = [kwargs.pop(n) for n in self.out_names]
         result, _ = self.functional.compute(args, kwargs)
         results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result
@@ -308,6 +322,13 @@ class OutKernel:
         if not self.op._schema.returns:  # e.g. split_with_sizes_copy.out, whose Tensor[] out returns ()
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _flat_tensors(values) -> list:
+    out = []
+    for v in values:
+        out.extend(t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor))
+    return out
 
 
 def _name(op) -> str:

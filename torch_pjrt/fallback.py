@@ -68,6 +68,13 @@ def run(op, *args, **kwargs):
         _decomposing.add(op)
         try:
             return decomposition(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (a decomposition's own checks are not always CPU's)
+            from .errors import as_torch_error
+
+            error = as_torch_error(op, args, kwargs, e)
+            if error is e or error is None:
+                raise
+            raise error from error.__cause__
         finally:
             _decomposing.discard(op)
     how = mode()

@@ -332,8 +332,20 @@ def test_float_division_semantics():
             check(op, x, y)
             check(op, y, x)
     check(aten.div.Tensor_mode, torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.0]), rounding_mode="floor")
-    with pytest.raises(ValueError):
+    with pytest.raises(RuntimeError, match="rounding_mode to be one of None, 'trunc', or 'floor'"):  # CPU's type
         run(aten.div.Tensor_mode, a, b, rounding_mode="round")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_division_by_a_scalar_or_a_row_is_exactly_cpus(dtype):
+    """IEEE division, as CPU torch does it: XLA would multiply by the divisor's reciprocal
+    (1 ulp off in most elements: x / 127.5 changed int8 quantization scales)."""
+    x = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) * 255).to(dtype)
+    for divisor in (127.5, 3.0, 0.1, torch.tensor(7.3, dtype=dtype), torch.rand(1, dtype=torch.float64) + 0.5):
+        check(aten.div.Tensor, x, divisor, atol=0, rtol=0)
+    rows = torch.rand(100, 8).to(dtype)
+    check(aten.div.Tensor, rows, (torch.rand(8) + 0.5).to(dtype), atol=0, rtol=0)
+    check(aten.div.Scalar, x, 127.5, atol=0, rtol=0)
 
 
 def test_pow_semantics():

@@ -760,12 +760,17 @@ class FastKernel : public c10::OperatorKernel {
       py::tuple values(n);
       bool fast = true;
       for (size_t i = 0; i < n && fast; i++) {
-        py::object value = operand(args[i], kinds_[i], device, fast);
+        py::object value = operand(args[i], kinds_[i], device, fast, store_ && i == 0);
         if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
       }
       if (!fast || device < 0) return slow(op, stack, n);
       PyObject* out = PyObject_Call(run_, values.ptr(), nullptr);
-      if (!out) throw python_error();
+      if (!out) {
+        // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+        PyErr_Clear();
+        return slow(op, stack, n);
+      }
       result = py::reinterpret_steal<py::object>(out);
     }
     if (store_) {
@@ -781,7 +786,8 @@ class FastKernel : public c10::OperatorKernel {
 
  private:
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
-  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast) {
+  // `written`: self of an in-place op.
+  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
     if (kind == kScalar) {
       if (v.isNone()) return py::none();
       PyObject* s = v.isScalar() ? weak_scalar(v.toScalar()) : nullptr;
@@ -801,6 +807,10 @@ class FastKernel : public c10::OperatorKernel {
       device = index;
       Holder* h = holder_of(t.storage());
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
+      if (written) {  // an in-place write through a view: the Python kernel checks for overlaps
+        fast = false;
+        return py::none();
+      }
       return lazy_view(t, h);
     }
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number: promotes as a Scalar

@@ -17,6 +17,8 @@ torch's tensor-exponent result (0, 1 or -1) instead of raising.
 """
 from __future__ import annotations
 
+import operator
+
 import math as _m
 
 import jax
@@ -218,10 +220,20 @@ def _div_floor(a, b):
     return jnp.where(b == 0, a / b, floordiv)
 
 
+def _true_divide_by_broadcast(a, b):
+    """a / b for a divisor broadcast from a smaller shape (a Python scalar, a 0-d tensor, a row):
+    XLA's algebraic simplifier rewrites a / broadcast(b) into a * broadcast(1 / b), which is 1 ulp
+    off in most elements. CPU torch divides (so does IEEE); the barrier keeps the divisor an
+    operand of a true division, at the cost of materializing it."""
+    return a / lax.optimization_barrier(b)
+
+
 @lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
     if rounding_mode is None:
-        return pointwise(lambda a, b: a / b, self, other, kind=INT_TO_FLOAT, opmath_other=True)
+        broadcast = jnp.shape(other) != jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))
+        math = _true_divide_by_broadcast if broadcast else operator.truediv
+        return pointwise(math, self, other, kind=INT_TO_FLOAT, opmath_other=True)
     if rounding_mode == "trunc":
         return pointwise(_div_trunc, self, other, name="div_trunc", allowed="uif", opmath_other=True)
     if rounding_mode == "floor":

@@ -43,13 +43,22 @@ def call_lowering(lowering: Lowering, sig: Signature, *values):
     return lowering.fn(*pos, **kw)
 
 
+def _checked_call(check, lowering: Lowering, sig: Signature, *values):
+    values = resolve_views(values)
+    check(lowering, sig, values)  # runs when JAX traces: once per executable, not per call
+    return call_lowering(lowering, sig, *values)
+
+
 @functools.lru_cache(None)
-def executable(lowering: Lowering):
-    """The jitted (or, for data-dependent ops, plain) callable taking schema-ordered values."""
+def executable(lowering: Lowering, check=None):
+    """The jitted (or, for data-dependent ops, plain) callable taking schema-ordered values.
+    `check(lowering, sig, values)`, if given, validates the call when the executable is traced."""
     sig = Signature.of(lowering.op)
     fn = functools.partial(call_lowering, lowering, sig)
     if not lowering.jit:
         return fn
+    if check is not None:
+        fn = functools.partial(_checked_call, check, lowering, sig)
     return jax.jit(fn, static_argnums=static_positions(lowering, sig))
 
 

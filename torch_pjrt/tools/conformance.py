@@ -16,7 +16,11 @@ runs them on CPU torch (the reference) and on pjrt, and records one case per
   inplace        the OpInfo's inplace_variant; where CPU rejects the in-place call the
                  pjrt call must raise too;
   noncontiguous  the sample's .noncontiguous() tensors, rebuilt on pjrt with the same
-                 storage layout (sizes, strides, offset and the NaN-filled gaps).
+                 storage layout (sizes, strides, offset and the NaN-filled gaps);
+  errors         the OpInfo's error_inputs (bad input with the exception type and message
+                 regex PyTorch expects), one case per error input (dtype column: its number):
+                 pjrt must raise the exception type CPU raises, with a message matching the
+                 regex, by the next host sync (queued checks raise there, as CUDA's do).
 
 Values are compared with torch.testing.assert_close using the default tolerances of
 the dtype, loosened only where the OpInfo's decorators give a toleranceOverride or
@@ -50,9 +54,10 @@ import tempfile
 import time
 import zlib
 
-CHECKS = ("forward", "gradient", "out", "inplace", "noncontiguous")
+CHECKS = ("forward", "gradient", "out", "inplace", "noncontiguous", "errors")
 CHECK_TITLES = {"forward": "forward", "gradient": "gradient", "out": "out=", "inplace": "in-place",
-                "noncontiguous": "noncontiguous"}
+                "noncontiguous": "noncontiguous", "errors": "error inputs"}
+PER_DTYPE_CHECKS = CHECKS[:-1]  # "errors" runs once per error input, not per dtype
 RAN = ("pass", "fail", "error", "timeout", "crash")  # statuses that count in a pass rate
 FAMILIES = ("elementwise", "reductions", "indexing", "shape", "views", "nn", "linalg", "fft", "random",
             "foreach", "factories", "other")
@@ -691,6 +696,76 @@ def check_inplace(ctx, samples):
 # Worker: runs cases and streams them, one JSON line each
 # ----------------------------------------------------------------------------------------
 
+def _raised(fn):
+    """The exception fn() raises, by the next host sync included; None if none."""
+    import torch
+
+    try:
+        fn()
+        torch.pjrt.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+FOREIGN = {"jax": "JAX", "jaxlib": "JAX", "numpy": "numpy"}  # exception modules that must never reach a user
+
+
+def _error_type_name(t) -> str:
+    return "/".join(x.__name__ for x in t) if isinstance(t, tuple) else t.__name__
+
+
+def aliased_on_pjrt(x):
+    """pjrt tensors with the CPU tensors' layouts and their aliasing: tensors that share a CPU
+    storage become views of one pjrt storage (error inputs test out= overlapping an input)."""
+    import torch
+
+    storages: dict = {}
+
+    def rebuild(t):
+        if t.device.type != "cpu":  # an error input about devices (a meta tensor): keep it
+            return t
+        t = t.detach()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        key = (t.untyped_storage()._cdata, t.dtype)  # (not data_ptr: empty storages all have 0)
+        if key not in storages:
+            n = t.untyped_storage().nbytes() // t.element_size()
+            storages[key] = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,)).to("pjrt")
+        return storages[key].as_strided(t.size(), t.stride(), t.storage_offset())
+    return _pjrt_devices(_map(rebuild, x))
+
+
+def error_cases(op):
+    """[(number, check function)] for the OpInfo's error inputs: each is built for the CPU
+    (where the OpInfo states what CPU raises), run there, then moved to pjrt with its
+    layouts and aliasing and run again."""
+    import torch
+
+    torch.manual_seed(0)
+    cases = []
+    for i, expected in enumerate(op.error_inputs("cpu")):
+        def one(expected=expected):
+            si = expected.sample_input
+            moved = aliased_on_pjrt(_triple(si))  # before the CPU call: out= arguments get written
+            cpu_error = _raised(lambda: op(si.input, *si.args, **si.kwargs))
+            if cpu_error is None or not isinstance(cpu_error, expected.error_type) or \
+                    not re.search(expected.error_regex, str(cpu_error)):
+                raise Skip(f"CPU itself does not raise {_error_type_name(expected.error_type)} matching the "
+                           f"OpInfo's regex here ({_summary(cpu_error) if cpu_error else 'no error'})")
+            error = _raised(lambda: _call(op, moved))
+            if error is None:
+                raise Mismatch(f"raised nothing; CPU raises {_summary(cpu_error)}")
+            if type(error) is not type(cpu_error) or not re.search(expected.error_regex, str(error)):
+                origin = type(error).__module__.split(".")[0]
+                foreign = f"{FOREIGN[origin]} exception: " if origin in FOREIGN else ""
+                raise Mismatch(f"{foreign}raised {_summary(error)}; CPU raises {_summary(cpu_error)} "
+                               f"(regex {expected.error_regex!r})")
+            return 1
+        cases.append((i, one))
+    return cases
+
+
 def _alarm(seconds):
     def handler(signum, frame):
         raise CaseTimeout(f"timed out after {seconds} s")
@@ -750,6 +825,11 @@ def run_op(name, op, emit, *, checks=CHECKS, max_samples=0, timeout=120, skip_ke
             emit({"op": name, "dtype": dtype, "check": check, "status": "skip", "reason": reason, "samples": 0,
                   "fallback": [], "decomposed": [], "seconds": 0.0})
 
+    if "errors" in checks:
+        run_error_cases(name, op, emit, timeout=timeout, skip_keys=skip_keys)
+        checks = [c for c in checks if c != "errors"]
+    if not checks:
+        return
     if not supported:
         for check in checks:
             skip("-", check, "the OpInfo declares no CPU dtypes")
@@ -808,6 +888,23 @@ def run_op(name, op, emit, *, checks=CHECKS, max_samples=0, timeout=120, skip_ke
                 continue
             run_case(emit, key, fn, timeout)
         random_op = random_op or ctx.random
+
+
+def run_error_cases(name, op, emit, *, timeout, skip_keys):
+    """One case per error input of the OpInfo (none when it has no error_inputs_func)."""
+    if op.error_inputs_func is None:
+        return
+    try:
+        cases = error_cases(op)
+    except Exception as e:  # noqa: BLE001  (the OpInfo's generator itself failed on the CPU)
+        emit({"op": name, "dtype": "-", "check": "errors", "status": "skip",
+              "reason": f"error_inputs could not be generated on the CPU: {_summary(e)}", "samples": 0,
+              "fallback": [], "decomposed": [], "seconds": 0.0})
+        return
+    for i, fn in cases:
+        key = (name, f"#{i}", "errors")
+        if key not in skip_keys:
+            run_case(emit, key, fn, timeout)
 
 
 def _worker(args) -> None:
@@ -1103,6 +1200,9 @@ def render(records, meta) -> str:
         w(f"| {fam} | {fam_ops[fam]} | " + " | ".join(cells) + " |")
     w("")
 
+    if by_check["errors"]:
+        out.extend(render_error_inputs(cases))
+
     failures = [c for c in cases if c["status"] in ("fail", "error", "timeout", "crash")]
     w("## Top failure reasons")
     w("")
@@ -1212,6 +1312,48 @@ def render(records, meta) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+ERROR_INPUTS_TITLE = "## Error inputs"
+
+
+def render_error_inputs(cases) -> list[str]:
+    """The error-inputs section: rate, exceptions from JAX or numpy, every case that did not pass."""
+    errors = [c for c in cases if c["check"] == "errors"]
+    ran = [c for c in errors if c["status"] in RAN]
+    passed = sum(c["status"] == "pass" for c in ran)
+    foreign = [c for c in ran if any(c["reason"].startswith(f"{name} exception") for name in set(FOREIGN.values()))]
+    crashes = [c for c in ran if c["status"] == "crash"]
+    ops = sorted({c["op"] for c in errors})
+    out = [ERROR_INPUTS_TITLE, "",
+           "PyTorch's own bad inputs: every `error_inputs` entry of the OpInfos above, run on pjrt. A case passes when "
+           "pjrt raises the exception type CPU raises, with a message matching the OpInfo's regex, by the next host "
+           "sync. Error inputs that CPU itself does not raise as the OpInfo says are skipped (listed below).", "",
+           "| target | measured | met |", "|---|---|---|",
+           f"| >= 98% of error-input cases raise what CPU raises | {_pct(passed, len(ran))} ({passed}/{len(ran)}, "
+           f"{len(ops)} OpInfos) | {'yes' if ran and passed >= 0.98 * len(ran) else 'no'} |",
+           f"| 0 JAX or numpy exceptions reach the user | {len(foreign)} | {'yes' if not foreign else 'no'} |",
+           f"| 0 crashes | {len(crashes)} | {'yes' if not crashes else 'no'} |", ""]
+    missed = [c for c in errors if c["status"] not in ("pass",)]
+    if missed:
+        out += ["| OpInfo | error input | status | reason |", "|---|---|---|---|"]
+        for c in sorted(missed, key=lambda c: (c["status"] == "skip", c["op"], c["dtype"])):
+            out.append(f"| `{c['op']}` | {c['dtype']} | {c['status']} | {_esc(c['reason'])} |")
+        out.append("")
+    return out
+
+
+def splice_section(report: str, section: str, title: str) -> str:
+    """`report` with its `title` section replaced by `section` (added before the per-check table if absent)."""
+    lines = report.splitlines()
+    if title in lines:
+        start = lines.index(title)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = section.rstrip().splitlines() + [""]
+    else:
+        at = next((i for i, ln in enumerate(lines) if ln == "## Pass rate per check"), len(lines))
+        lines[at:at] = section.rstrip().splitlines() + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 # ----------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------
@@ -1293,6 +1435,13 @@ def main(argv=None) -> int:
                 json.dump({"meta": meta, "records": records}, f, indent=0)
     report = render(records, meta)
     if args.out:
+        checks_run = {r["check"] for r in records if r.get("event") is None}
+        if checks_run == {"errors"} and os.path.exists(args.out) and not args.from_json:
+            # an error-inputs sweep updates its section of an existing full report
+            errors = [r for r in records if r.get("event") is None]
+            section = "\n".join(render_error_inputs(errors)) + (
+                f"\nMeasured {meta['date']} with `{meta['command']}` ({meta['seconds'] / 60:.1f} min).\n")
+            report = splice_section(open(args.out).read(), section, ERROR_INPUTS_TITLE)
         with open(args.out, "w") as f:
             f.write(report)
     cases = [r for r in records if r.get("event") is None]

@@ -1,0 +1,94 @@
+"""Bad input on pjrt raises what CPU torch raises: the same exception type and message.
+
+Each call runs on CPU (the reference) and on pjrt; both must raise, with the same type and
+the same first line. None of these may surface a JAX or numpy exception. The OpInfo
+error-inputs sweep (`python -m torch_pjrt.tools.conformance --checks errors`) measures the
+same over PyTorch's own database; these are the cases users meet first.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def _raised(fn, device):
+    try:
+        fn(device)
+        torch.pjrt.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+CALLS = {
+    "matmul shapes": lambda d: torch.randn(2, 3, device=d) @ torch.randn(2, 4, device=d),
+    "mm shapes": lambda d: torch.mm(torch.randn(2, 3, device=d), torch.randn(2, 4, device=d)),
+    "add broadcast": lambda d: torch.randn(10, device=d) + torch.randn(3, 4, device=d),
+    "add_ broadcast": lambda d: torch.randn(3, device=d).add_(torch.randn(3, 4, device=d)),
+    "mul alpha-less broadcast": lambda d: torch.mul(torch.randn(2, 5, device=d), torch.randn(3, 1, 4, device=d)),
+    "cat sizes": lambda d: torch.cat([torch.randn(2, 3, device=d), torch.randn(2, 4, device=d)]),
+    "stack sizes": lambda d: torch.stack([torch.randn(2, device=d), torch.randn(3, device=d)]),
+    "amax empty dim": lambda d: torch.randn(0, 3, device=d).amax(0),
+    "max empty": lambda d: torch.randn(0, device=d).max(),
+    "kthvalue k": lambda d: torch.randn(3, device=d).kthvalue(5),
+    "reshape numel": lambda d: torch.randn(6, device=d).reshape(4, 2),
+    "view incompatible": lambda d: torch.randn(4, 6, device=d).t().view(24),
+    "index_select dim": lambda d: torch.randn(3, 4, device=d).index_select(2, torch.tensor([0], device=d)),
+    "gather dims": lambda d: torch.randn(3, 4, device=d).gather(1, torch.zeros(3, device=d, dtype=torch.long)),
+    "conv2d channels": lambda d: F.conv2d(torch.randn(1, 3, 8, 8, device=d), torch.randn(4, 2, 3, 3, device=d)),
+    "linear shapes": lambda d: F.linear(torch.randn(2, 3, device=d), torch.randn(4, 5, device=d)),
+    "embedding dims": lambda d: F.embedding(torch.zeros(2, dtype=torch.long, device=d), torch.randn(3, device=d)),
+    "cross_entropy classes": lambda d: F.cross_entropy(torch.randn(2, 3, device=d),
+                                                       torch.tensor([0, 1, 1], device=d)),
+    "bool subtraction": lambda d: torch.ones(2, dtype=torch.bool, device=d) - torch.ones(2, dtype=torch.bool, device=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_bad_input_raises_what_cpu_raises(name):
+    call = CALLS[name]
+    expected = _raised(call, "cpu")
+    assert expected is not None, f"{name}: CPU accepts this call; the test is wrong"
+    actual = _raised(call, "pjrt")
+    assert actual is not None, f"{name}: pjrt raised nothing; CPU raises {type(expected).__name__}: {expected}"
+    assert type(actual).__module__.split(".")[0] not in ("jax", "jaxlib", "numpy"), repr(actual)
+    assert type(actual) is type(expected), f"{name}: pjrt {type(actual).__name__}: {actual}; CPU {expected!r}"
+    assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
+
+
+def test_the_failed_call_changed_nothing():
+    """A call that raises leaves its arguments as they were (in-place ops included)."""
+    x = torch.arange(3.0, device="pjrt")
+    with pytest.raises(RuntimeError):
+        x.add_(torch.ones(3, 4, device="pjrt"))
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0]
+    assert (x + 1).cpu().tolist() == [1.0, 2.0, 3.0]  # and the device works on
+
+
+def test_a_lowering_bug_names_the_op_devices_and_dtypes():
+    """Where CPU accepts a call that a lowering rejects, the error says so, names the op and
+    the arguments, and keeps the lowering's exception as its cause (not a bare JAX error)."""
+    from torch_pjrt import errors
+
+    x = torch.randn(2, 3, device="pjrt")
+    bug = TypeError("a lowering's own failure")
+    err = errors.as_torch_error(torch.ops.aten.abs.default, (x,), {}, bug)
+    assert isinstance(err, RuntimeError)
+    assert "aten::abs" in str(err) and "pjrt:0 float32[2, 3]" in str(err) and "please report" in str(err)
+    assert err.__cause__ is bug
+
+
+def test_fast_path_failure_gives_the_cpu_error():
+    """Ops on the C++ fast path (add, mul) fall back to the Python kernel when their
+    executable fails, which raises CPU's error."""
+    a, b = torch.randn(10, device="pjrt"), torch.randn(3, 4, device="pjrt")
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(10\) must match the size of tensor b \(4\)"):
+        torch.add(a, b)
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(10\) must match"):
+        a * b
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no warning either
+        assert torch.allclose((a * 2).cpu(), a.cpu() * 2)

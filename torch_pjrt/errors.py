@@ -1,0 +1,213 @@
+"""Errors are torch's: a failed pjrt op raises what CPU torch raises for the same call.
+
+Two mechanisms, neither on the per-call fast path:
+- Detection when an eager executable is traced (once per op and signature): the op's meta
+  kernel runs on meta tensors of the call's shapes and dtypes, with its static arguments, so
+  calls that JAX would accept but torch rejects (layer_norm's normalized_shape, embedding's
+  1-D weight, exponential_'s lambda) fail instead of computing something.
+- The oracle, when a call failed (the meta check, JAX's TypeError for mismatched shapes,
+  numpy's ValueError for an empty reduction, a check of our own): the call runs again on CPU
+  copies of its arguments, and CPU torch decides. If CPU raises, that exception is raised
+  (type and message); if CPU accepts a call the meta check rejected, the meta check was wrong
+  (a Scalar argument's placeholder value, a meta kernel stricter than CPU's): it is turned off
+  for that op and the call runs; if CPU accepts a call the lowering failed on, the lowering
+  has a bug, and the error says so, naming the op, the arguments' devices, shapes and dtypes,
+  with the lowering's exception as the cause.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from . import storage
+from .dtypes import to_torch
+from .ops.signature import SCALAR, Signature
+
+# Failures that are about the device, not the call: re-running on the CPU would not say more.
+_DEVICE_ERRORS = (torch.OutOfMemoryError, MemoryError)
+
+
+class MetaRejected(Exception):
+    """The meta kernel rejected a call while its executable was traced (carries meta's error)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+# Ops whose meta check rejected a call that CPU accepts: their executables trace unchecked.
+_META_UNRELIABLE: set = set()
+# Failures of the meta machinery rather than verdicts on the call.
+_NO_VERDICT = (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException)
+
+
+def meta_check(lowering, sig, values) -> None:
+    """`executable(lowering, check=meta_check)`: raise MetaRejected if torch's meta kernel
+    refuses a call of these shapes, dtypes and static arguments (runs at trace time)."""
+    op = lowering.op
+    if op in _META_UNRELIABLE:
+        return
+    args = [_as_meta(name, kind, v) for name, kind, v in zip(sig.names, sig.kinds, values)]
+    pos, kw = sig.split(args)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*pos, **kw)
+    except _NO_VERDICT:
+        return
+    except Exception as e:  # noqa: BLE001  (meta's verdict; the oracle decides what to raise)
+        if "meta tensor" in str(e) or "meta device" in str(e):  # e.g. .item() inside a decomposition
+            return
+        raise MetaRejected(e) from None
+
+
+def _as_meta(name, kind, v):
+    if isinstance(v, (list, tuple)):
+        return [_as_meta(name, kind, x) for x in v]
+    if name == "generator":
+        return None
+    if isinstance(v, torch.device) or name == "device":
+        return torch.device("meta")
+    shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
+    if shape is None or dtype is None:
+        return v  # a static Python value: the meta kernel sees what the lowering sees
+    torch_dtype = to_torch(dtype)
+    if kind == SCALAR:  # a traced Scalar: its value is unknown here, a neutral one stands in
+        return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1.0 + 0j}.get(np.dtype(dtype).kind, 1)
+    return torch.empty(tuple(shape), dtype=torch_dtype, device="meta")
+
+
+def op_label(op) -> str:
+    return f"{op._schema.name}.{op._overloadname}" if op._overloadname != "default" else op._schema.name
+
+
+def cpu_error(op, args: tuple, kwargs: dict) -> BaseException | None:
+    """The exception CPU torch raises for this call, or None if CPU accepts it."""
+    try:
+        # read without a host sync's side effect: queued index errors stay queued for the user's sync
+        twins = _Twins(lambda flat: storage.from_numpy(np.asarray(storage.read(flat))), "cpu")
+        cpu_args = [twins(a) for a in args]
+        cpu_kwargs = {k: twins(v) for k, v in kwargs.items()}
+    except Exception:  # noqa: BLE001  (the arguments cannot be read back: no oracle)
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*cpu_args, **cpu_kwargs)
+    except Exception as e:  # noqa: BLE001  (whatever CPU raises is the expected error)
+        e.__traceback__ = None
+        return e
+    return None
+
+
+def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseException | None:
+    """What to raise when the pjrt kernel of `op` failed with `error` for (args, kwargs);
+    None when the call should run again (a meta check CPU disagrees with, now turned off)."""
+    if isinstance(error, _DEVICE_ERRORS):
+        return error
+    expected = cpu_error(op, args, kwargs)
+    if expected is not None:
+        return expected
+    if isinstance(error, MetaRejected):
+        _META_UNRELIABLE.add(op)
+        return None
+    if isinstance(error, (RuntimeError, IndexError)) and not _from_jax(error):
+        return error  # a pjrt-specific refusal of our own (an unsupported dtype, ...): already clear
+    described = ", ".join(_describe(a) for a in (*args, *kwargs.values()) if _describe(a))
+    wrapped = RuntimeError(f"{op_label(op)}: the pjrt lowering failed for ({described}) although CPU torch accepts "
+                           f"the same call; please report it. {type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _from_jax(error: BaseException) -> bool:
+    return type(error).__module__.split(".")[0] in ("jax", "jaxlib", "numpy")
+
+
+class _Twins:
+    """Arguments with pjrt tensors replaced by twins on another device that keep their
+    layouts and aliasing: tensors sharing a pjrt storage become views of one twin storage
+    (out= overlapping an input must be seen as such). `flat_twin(flat)` makes a storage's twin."""
+
+    def __init__(self, flat_twin, device: str):
+        self.flat_twin, self.device, self.storages = flat_twin, device, {}
+
+    def __call__(self, x):
+        if isinstance(x, torch.Tensor) and x.device.type == "pjrt":
+            key = (x.untyped_storage()._cdata, x.dtype)  # (not data_ptr: empty storages all have 0)
+            if key not in self.storages:
+                n = x.untyped_storage().nbytes() // x.element_size()
+                flat = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage(), 0, (n,), (1,))
+                self.storages[key] = self.flat_twin(flat)
+            return self.storages[key].as_strided(x.size(), x.stride(), x.storage_offset())
+        if isinstance(x, (list, tuple)):
+            return type(x)(self(v) for v in x)
+        if isinstance(x, torch.device) and x.type == "pjrt":
+            return torch.device(self.device)
+        if isinstance(x, torch.Generator):
+            return None  # other devices' kernels refuse a pjrt generator; the error does not depend on it
+        return x
+
+
+def check_writes(op, args: tuple, kwargs: dict, written: list) -> None:
+    """Before an out= or in-place call writes `written`: raise what CPU raises for their dtypes,
+    shapes and overlaps. The meta kernel of the same overload (on meta tensors with the
+    arguments' layouts) detects dtype and shape refusals; overlaps, which CPU kernels check
+    themselves, are looked for only where a written tensor may overlap. CPU torch decides the
+    exception (where CPU accepts the call, meta was stricter: the call goes on)."""
+    sig = Signature.of(op)
+    args, kwargs = sig.split(sig.bind(args, kwargs))  # the C++ kernels pass keyword-only ones by position
+    twins = _Twins(lambda flat: torch.empty(flat.shape, dtype=flat.dtype, device="meta"), "meta")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*[twins(a) for a in args], **{k: twins(v) for k, v in kwargs.items()})
+    except _NO_VERDICT:
+        pass
+    except Exception as e:  # noqa: BLE001
+        if "meta tensor" not in str(e) and "meta device" not in str(e):
+            _raise_cpu_error(op, args, kwargs)
+            return
+    if any(may_overlap(t, args, kwargs) for t in written):
+        _raise_cpu_error(op, args, kwargs)
+
+
+def _raise_cpu_error(op, args, kwargs) -> None:
+    expected = cpu_error(op, args, kwargs)
+    if expected is not None:
+        raise expected from None
+
+
+def may_overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Cheap test before a write: can `target` overlap itself or another argument?"""
+    if torch._debug_has_internal_overlap(target) != 0:
+        return True
+    ptr, span = target.untyped_storage().data_ptr(), _span(target)
+    others = [*args, *kwargs.values()]
+    others += [t for a in others if isinstance(a, (list, tuple)) for t in a]
+    for a in others:
+        if isinstance(a, torch.Tensor) and a is not target and a.device == target.device \
+                and a.untyped_storage().data_ptr() == ptr:
+            other = _span(a)
+            if other[0] < span[1] and span[0] < other[1]:  # element ranges intersect
+                return True
+    return False
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte of the storage that `t` can touch."""
+    if t.numel() == 0:
+        return (0, 0)
+    last = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    start = t.storage_offset() * t.element_size()
+    return start, start + (last + 1) * t.element_size()
+
+
+def _describe(a) -> str:
+    if isinstance(a, torch.Tensor):
+        return f"{a.device} {str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
+    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+        return "[" + ", ".join(_describe(x) for x in a) + "]"
+    return ""
