@@ -22,7 +22,7 @@ import torch
 from . import bounds, errors, platform, storage
 from ._runtime import load as _load_runtime
 from .dtypes import TORCH_TO_JAX, to_jax, to_torch
-from .ops.jitted import executable, hashable, static_positions
+from .ops.jitted import call_lowering, executable, hashable, static_positions
 from .ops.registry import LOWERINGS, Lowering
 from .ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
 
@@ -82,7 +82,7 @@ def _weak_scalar(value):
 
 
 def _wrap(result, device: int):
-    if isinstance(result, jax.Array):
+    if isinstance(result, (jax.Array, storage.Permuted)):
         return storage.wrap(result, device)
     if isinstance(result, (tuple, list)):
         return type(result)(_wrap(r, device) for r in result)
@@ -96,7 +96,7 @@ class Kernel:
         self.op = lowering.op
         self.lowering = lowering
         self.sig = sig = Signature.of(lowering.op)
-        self.run = executable(lowering, check=errors.meta_check)
+        self.run = executable(lowering, traced=_traced_call)
         self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.static_args = static_positions(lowering, sig)
@@ -197,6 +197,14 @@ class Kernel:
         return kinds
 
 
+def _traced_call(lowering: Lowering, sig: Signature, *values):
+    """What an eager executable traces, once per signature: the op's meta kernel (torch's
+    refusals, errors.py), the lowering, and its outputs laid out as the meta kernel lays
+    them out (a channels_last input gives a channels_last output, as on CPU)."""
+    meta = errors.meta_check(lowering, sig, values)
+    return storage.laid_out(call_lowering(lowering, sig, *values), meta)
+
+
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
 # FastKernel's argument kinds (runtime.cpp, ArgKind), by schema type for static arguments.
 _FAST_TENSOR, _FAST_SCALAR = 0, 1
@@ -222,6 +230,8 @@ def _torch_name(dtype: torch.dtype) -> str:
 
 def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
     """Write a kernel result into an existing tensor (self of op_, or an out= tensor)."""
+    if isinstance(value, storage.Permuted):  # the target keeps its own layout
+        value = value.logical()
     _check_castable(op, to_torch(value.dtype), target)
     shape = tuple(value.shape)
     if tuple(target.shape) != shape:
@@ -402,7 +412,7 @@ def register(special: dict) -> None:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
     _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
-                          TORCH_TO_JAX)
+                          storage.wrap, TORCH_TO_JAX)
     for op, kernel in kernels.items():
         _install(op, kernel)
 

@@ -39,28 +39,40 @@ class MetaRejected(Exception):
 
 # Ops whose meta check rejected a call that CPU accepts: their executables trace unchecked.
 _META_UNRELIABLE: set = set()
-# Failures of the meta machinery rather than verdicts on the call.
+# Failures of the meta machinery rather than verdicts on the call; the exceptions torch's checks raise.
 _NO_VERDICT = (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException)
+_VERDICTS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
 
 
-def meta_check(lowering, sig, values) -> None:
-    """`executable(lowering, check=meta_check)`: raise MetaRejected if torch's meta kernel
-    refuses a call of these shapes, dtypes and static arguments (runs at trace time)."""
+def meta_check(lowering, sig, values):
+    """Raise MetaRejected if torch's meta kernel refuses a call of these shapes, strides, dtypes
+    and static arguments (runs at trace time; values may be storage views). Returns the meta
+    kernel's outputs (None where it gave no verdict), whose strides the eager outputs follow."""
     op = lowering.op
     if op in _META_UNRELIABLE:
-        return
+        return None
     args = [_as_meta(name, kind, v) for name, kind, v in zip(sig.names, sig.kinds, values)]
-    pos, kw = sig.split(args)
+    outputs, refusal = _run_meta(op, *sig.split(args))
+    if refusal is not None:  # the oracle decides what to raise
+        raise MetaRejected(refusal) from None
+    return outputs
+
+
+def _run_meta(op, pos: list, kw: dict):
+    """(meta outputs, None); (None, the exception of the meta kernel's refusal); or (None, None)
+    where the meta machinery gave no verdict (no meta kernel, data-dependent, its own bug)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            op(*pos, **kw)
+            return op(*pos, **kw), None
     except _NO_VERDICT:
-        return
-    except Exception as e:  # noqa: BLE001  (meta's verdict; the oracle decides what to raise)
+        return None, None
+    except _VERDICTS as e:
         if "meta tensor" in str(e) or "meta device" in str(e):  # e.g. .item() inside a decomposition
-            return
-        raise MetaRejected(e) from None
+            return None, None
+        return None, e
+    except Exception:  # noqa: BLE001  (a meta kernel's own bug, e.g. AttributeError)
+        return None, None
 
 
 def _as_meta(name, kind, v):
@@ -70,13 +82,16 @@ def _as_meta(name, kind, v):
         return None
     if isinstance(v, torch.device) or name == "device":
         return torch.device("meta")
+    geometry = getattr(v, "geometry", None)
+    if geometry is not None:  # a storage view: the meta tensor gets its sizes and strides
+        size, stride, _, dtype = geometry[:4]
+        return torch.empty_strided(tuple(size), tuple(stride), dtype=to_torch(dtype), device="meta")
     shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
     if shape is None or dtype is None:
         return v  # a static Python value: the meta kernel sees what the lowering sees
-    torch_dtype = to_torch(dtype)
     if kind == SCALAR:  # a traced Scalar: its value is unknown here, a neutral one stands in
         return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1.0 + 0j}.get(np.dtype(dtype).kind, 1)
-    return torch.empty(tuple(shape), dtype=torch_dtype, device="meta")
+    return torch.empty(tuple(shape), dtype=to_torch(dtype), device="meta")
 
 
 def op_label(op) -> str:
@@ -96,6 +111,11 @@ def cpu_error(op, args: tuple, kwargs: dict) -> BaseException | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             op(*cpu_args, **cpu_kwargs)
+    except NotImplementedError as e:
+        if "from the 'CPU' backend" in str(e):  # an op without a CPU kernel (CUDA-only): no oracle
+            return None
+        e.__traceback__ = None
+        return e
     except Exception as e:  # noqa: BLE001  (whatever CPU raises is the expected error)
         e.__traceback__ = None
         return e
@@ -160,24 +180,11 @@ def check_writes(op, args: tuple, kwargs: dict, written: list) -> None:
     sig = Signature.of(op)
     args, kwargs = sig.split(sig.bind(args, kwargs))  # the C++ kernels pass keyword-only ones by position
     twins = _Twins(lambda flat: torch.empty(flat.shape, dtype=flat.dtype, device="meta"), "meta")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*[twins(a) for a in args], **{k: twins(v) for k, v in kwargs.items()})
-    except _NO_VERDICT:
-        pass
-    except Exception as e:  # noqa: BLE001
-        if "meta tensor" not in str(e) and "meta device" not in str(e):
-            _raise_cpu_error(op, args, kwargs)
-            return
-    if any(may_overlap(t, args, kwargs) for t in written):
-        _raise_cpu_error(op, args, kwargs)
-
-
-def _raise_cpu_error(op, args, kwargs) -> None:
-    expected = cpu_error(op, args, kwargs)
-    if expected is not None:
-        raise expected from None
+    _, refusal = _run_meta(op, [twins(a) for a in args], {k: twins(v) for k, v in kwargs.items()})
+    if refusal is not None or any(may_overlap(t, args, kwargs) for t in written):
+        expected = cpu_error(op, args, kwargs)
+        if expected is not None:
+            raise expected from None
 
 
 def may_overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> bool:

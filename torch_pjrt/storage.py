@@ -35,10 +35,94 @@ whole_buffer = _rt.whole_buffer  # tensor -> its buffer when it is exactly the b
 _recent: collections.deque = collections.deque(maxlen=32)
 
 
-def wrap(array: jax.Array, device: int) -> torch.Tensor:
-    """A new contiguous pjrt tensor on `device` that owns `array`."""
+def wrap(array, device: int) -> torch.Tensor:
+    """A new pjrt tensor on `device` that owns `array`: contiguous, or for a Permuted result
+    the permutation of its physical array that has torch's strides."""
+    if isinstance(array, Permuted):
+        physical = array.array
+        _recent.append(physical)
+        return _rt.wrap_array(physical, device).permute(array.inverse)
     _recent.append(array)
     return _rt.wrap_array(array, device)
+
+
+@jax.tree_util.register_pytree_node_class
+class Permuted:
+    """An executable's output whose physical layout is a permutation of its logical dims:
+    `array` = transpose(logical value, perm). Its tensor has the strides torch's meta kernel
+    gives (channels_last and friends), while the storage stays one row-major buffer."""
+
+    __slots__ = ("array", "perm")
+
+    def __init__(self, array, perm: tuple):
+        self.array, self.perm = array, perm
+
+    @property
+    def inverse(self) -> tuple:
+        return inverse_permutation(self.perm)
+
+    def logical(self) -> jax.Array:
+        return _transpose(self.array, self.inverse)
+
+    def tree_flatten(self):
+        return (self.array,), self.perm
+
+    @classmethod
+    def tree_unflatten(cls, perm, children):
+        return cls(children[0], perm)
+
+
+_transpose = jax.jit(jnp.transpose, static_argnums=1)
+
+
+def inverse_permutation(perm: tuple) -> tuple:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+def laid_out(result, meta):
+    """`result` (an array or a tuple of them, traced) laid out as the meta kernel's outputs:
+    an output whose meta strides are a dense permutation other than row-major becomes a
+    Permuted; every other output stays row-major."""
+    if isinstance(result, (tuple, list)):
+        metas = meta if isinstance(meta, (tuple, list)) and len(meta) == len(result) else [None] * len(result)
+        return type(result)(laid_out(r, m) for r, m in zip(result, metas))
+    perm = _dense_permutation(meta, result) if isinstance(result, jax.Array) else None
+    return result if perm is None else Permuted(jnp.transpose(result, perm), perm)
+
+
+def layout_of(t: torch.Tensor, memory_format=None) -> tuple | None:
+    """The dim permutation (outermost first) of the layout torch gives a copy of `t` with
+    `memory_format` (None: preserve), when that layout is dense but not row-major; else None."""
+    if memory_format in (None, torch.preserve_format):
+        if t.is_contiguous():
+            return None
+        like = t
+    elif memory_format == torch.contiguous_format:
+        return None
+    else:
+        like = torch.empty_like(torch.empty(t.shape, dtype=t.dtype, device="meta"), memory_format=memory_format)
+    return _dense_permutation(like, t)
+
+
+def wrap_laid_out(array: jax.Array, device: int, perm: tuple | None) -> torch.Tensor:
+    """wrap(array) with the layout `perm` (from layout_of): its storage holds the permuted data."""
+    return wrap(array if perm is None else Permuted(_transpose(array, perm), perm), device)
+
+
+def _dense_permutation(meta, result):
+    """The dim order (outermost first) of meta's strides when they are a non-row-major
+    permutation of a dense layout of result's shape; else None."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() < 2 or tuple(meta.shape) != tuple(result.shape) \
+            or meta.is_contiguous():
+        return None
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
+    expected = 1
+    for d in reversed(perm):  # dense: each dim's stride is the product of the faster dims' sizes
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return None if perm == tuple(range(len(shape))) else perm
 
 
 def synchronize(index: int = -1) -> None:

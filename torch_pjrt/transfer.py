@@ -49,16 +49,25 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     device = torch.device(device) if device is not None else self.device
     if device.type == "pjrt":
         index = device.index if device.index is not None else torch.pjrt.current_device()
+        perm = storage.layout_of(self, memory_format)  # torch keeps a dense layout (channels_last) by default
         if _is_pjrt(self):
             value = storage.read(self)
             if index != self.get_device():
                 value = jax.device_put(value, platform.device(index))
+        elif perm is not None:  # host -> pjrt in the layout's order: the upload is the storage
+            physical = storage.upload(self.cpu().permute(perm).contiguous(), index, non_blocking)
+            if physical.dtype != to_jax(dtype):
+                physical = _convert(physical, to_jax(dtype))
+            return storage.wrap(storage.Permuted(physical, perm), index)
         else:  # host -> pjrt (the dispatcher routes by the target device too)
             value = storage.upload(self.cpu(), index, non_blocking)
         if value.dtype != to_jax(dtype):
             value = _convert(value, to_jax(dtype))
-        return storage.wrap(value, index)
+        return storage.wrap_laid_out(value, index, perm)
     host = storage.download(self)
+    perm = storage.layout_of(self, memory_format)
+    if perm is not None:  # keep the dense layout (channels_last) on the host too, as CUDA does
+        host = host.permute(perm).contiguous().permute(storage.inverse_permutation(perm))
     host = host.to(dtype=dtype)
     if pin_memory:
         host = host.pin_memory()
@@ -75,10 +84,12 @@ def _converter(dtype):
 
 
 def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
-    """Buffers are immutable, so a clone shares its source's buffer until one is written."""
+    """Buffers are immutable, so a clone shares its source's buffer until one is written;
+    it keeps a dense layout (channels_last) unless memory_format says otherwise, as torch does."""
     buf = storage.whole_buffer(self)
-    value = buf if buf is not None else storage.read(self)
-    return storage.wrap(value, self.get_device())
+    if buf is not None and memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        return storage.wrap(buf, self.get_device())
+    return storage.wrap_laid_out(storage.read(self), self.get_device(), storage.layout_of(self, memory_format))
 
 
 def local_scalar_dense(self: torch.Tensor):

@@ -43,22 +43,17 @@ def call_lowering(lowering: Lowering, sig: Signature, *values):
     return lowering.fn(*pos, **kw)
 
 
-def _checked_call(check, lowering: Lowering, sig: Signature, *values):
-    values = resolve_views(values)
-    check(lowering, sig, values)  # runs when JAX traces: once per executable, not per call
-    return call_lowering(lowering, sig, *values)
-
-
 @functools.lru_cache(None)
-def executable(lowering: Lowering, check=None):
+def executable(lowering: Lowering, traced=None):
     """The jitted (or, for data-dependent ops, plain) callable taking schema-ordered values.
-    `check(lowering, sig, values)`, if given, validates the call when the executable is traced."""
+    `traced(lowering, sig, *values)`, if given, is what the executable traces instead of
+    `call_lowering` (a consumer's checks and output layouts around it)."""
     sig = Signature.of(lowering.op)
     fn = functools.partial(call_lowering, lowering, sig)
     if not lowering.jit:
         return fn
-    if check is not None:
-        fn = functools.partial(_checked_call, check, lowering, sig)
+    if traced is not None:
+        fn = functools.partial(traced, lowering, sig)
     return jax.jit(fn, static_argnums=static_positions(lowering, sig))
 
 

@@ -1,0 +1,87 @@
+"""Output strides follow torch: the op's meta kernel lays out every eager output.
+
+A channels_last input gives a channels_last output where CPU gives one (pooling, upsampling,
+elementwise, normalization), copies keep a dense layout as CUDA's do, and the values are
+CPU's. The storage stays one row-major JAX buffer holding the permuted data.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+CL = torch.channels_last
+
+
+def _nhwc(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(memory_format=CL)
+
+
+OPS = {
+    "max_pool2d": lambda t: F.max_pool2d(t, 2),
+    "max_pool2d indices": lambda t: F.max_pool2d(t, 2, return_indices=True)[1],
+    "avg_pool2d": lambda t: F.avg_pool2d(t, 3, stride=2, padding=1),
+    "adaptive_avg_pool2d to 1": lambda t: F.adaptive_avg_pool2d(t, 1),
+    "adaptive_avg_pool2d": lambda t: F.adaptive_avg_pool2d(t, (3, 5)),
+    "adaptive_max_pool2d": lambda t: F.adaptive_max_pool2d(t, 2),
+    "bilinear": lambda t: F.interpolate(t, scale_factor=2, mode="bilinear"),
+    "bicubic": lambda t: F.interpolate(t, size=(5, 7), mode="bicubic", align_corners=True),
+    "nearest": lambda t: F.interpolate(t, scale_factor=2, mode="nearest"),
+    "relu": torch.relu,
+    "add scalar": lambda t: t + 1,
+    "mul with a contiguous tensor": lambda t: t * t.contiguous(),
+    "batch_norm": lambda t: F.batch_norm(t, None, None, training=True),
+    "gelu": F.gelu,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_channels_last_outputs_keep_cpus_strides(name):
+    x = _nhwc(2, 3, 8, 8)
+    expected = OPS[name](x)
+    actual = OPS[name](x.to("pjrt"))
+    assert actual.stride() == expected.stride(), (actual.stride(), expected.stride())
+    assert actual.is_contiguous(memory_format=CL) == expected.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(actual.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_copies_keep_a_dense_layout():
+    x = _nhwc(2, 3, 4, 5)
+    p = x.to("pjrt")
+    assert p.stride() == x.stride()
+    assert p.cpu().stride() == x.stride() and torch.equal(p.cpu(), x)
+    assert p.clone().stride() == x.clone().stride()
+    assert p.to(torch.float64).stride() == x.to(torch.float64).stride()
+    assert p.contiguous().stride() == x.contiguous().stride()
+    c = torch.randn(2, 3, 4, 5)
+    assert c.to("pjrt").contiguous(memory_format=CL).stride() == c.contiguous(memory_format=CL).stride()
+    assert c.to("pjrt").clone(memory_format=CL).stride() == c.clone(memory_format=CL).stride()
+    t = torch.randn(3, 4).t()
+    assert t.to("pjrt").stride() == t.clone().stride() and t.to("pjrt").cpu().stride() == t.stride()
+    torch.testing.assert_close(t.to("pjrt").cpu(), t)
+
+
+def test_in_place_and_out_writes_keep_the_target_layout():
+    x = _nhwc(1, 3, 4, 4)
+    p = x.to("pjrt")
+    p.mul_(2).add_(torch.ones(1, 3, 4, 4, device="pjrt"))
+    assert p.stride() == x.stride()
+    torch.testing.assert_close(p.cpu(), x * 2 + 1)
+    out = torch.empty(1, 3, 4, 4, device="pjrt")
+    torch.abs(p, out=out)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out.cpu(), torch.abs(x * 2 + 1))
+
+
+def test_channels_last_training_step_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 2))
+    model = model.to(memory_format=CL)
+    twin = torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(model)]).to("pjrt")
+    x = _nhwc(2, 3, 8, 8)
+    model(x).square().mean().backward()
+    twin(x.to("pjrt")).square().mean().backward()
+    for a, b in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-5, rtol=1e-4)
