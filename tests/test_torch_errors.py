@@ -44,7 +44,45 @@ CALLS = {
     "cross_entropy classes": lambda d: F.cross_entropy(torch.randn(2, 3, device=d),
                                                        torch.tensor([0, 1, 1], device=d)),
     "bool subtraction": lambda d: torch.ones(2, dtype=torch.bool, device=d) - torch.ones(2, dtype=torch.bool, device=d),
+    # from PyTorch's device-generic tests (issue 13): numpy's, JAX's or Python's exceptions before
+    "amax over an empty dim": lambda d: torch.randn(3, 0, device=d).amax(1),
+    "embedding_bag 3-D input": lambda d: F.embedding_bag(torch.zeros(2, 2, 2, dtype=torch.long, device=d),
+                                                         torch.randn(3, 4, device=d)),
+    "embedding_bag 2-D offsets": lambda d: F.embedding_bag(torch.zeros(4, dtype=torch.long, device=d),
+                                                           torch.randn(3, 4, device=d),
+                                                           torch.zeros(1, 2, dtype=torch.long, device=d)),
+    # errors CPU raises that pjrt did not
+    "embedding_bag index out of range": lambda d: F.embedding_bag(torch.tensor([0, 5], device=d),
+                                                                  torch.randn(3, 4, device=d), torch.tensor([0], device=d)),
+    "embedding_bag padding_idx out of range": lambda d: F.embedding_bag(
+        torch.tensor([0, 1], device=d), torch.randn(3, 4, device=d), torch.tensor([0], device=d), padding_idx=7),
+    "layer_norm normalized_shape": lambda d: F.layer_norm(torch.randn(2, 3, device=d), (4,)),
+    "embedding 1-D weight": lambda d: F.embedding(torch.zeros(2, dtype=torch.long, device=d), torch.randn(3, device=d)),
+    "exponential_ lambda": lambda d: torch.empty(3, device=d).exponential_(-1),
+    "index_select out= overlapping its input": lambda d: (lambda x: torch.index_select(
+        x, 0, torch.tensor([0, 1], device=d), out=x[:2]))(torch.randn(10, device=d)),
+    "in-place write overlapping its input": lambda d: (lambda x: x[1:].add_(x[:-1]))(torch.randn(10, device=d)),
+    "in-place write into an expanded tensor": lambda d: torch.zeros(3, device=d).expand(2, 3).add_(1),
 }
+
+
+SAME_RESULT = {  # where CPU raises nothing, pjrt must not either (and agree on the values)
+    "max_pool2d of a zero batch": lambda d: F.max_pool2d(torch.ones(0, 3, 4, 4, device=d), 2, return_indices=True),
+    "max_pool1d of a zero batch": lambda d: F.max_pool1d(torch.ones(0, 3, 4, device=d), 2),
+    "vstack int16": lambda d: torch.vstack([torch.ones(3, dtype=torch.int16, device=d)] * 2),
+    "row_stack int16 and int32": lambda d: torch.row_stack([torch.ones(3, dtype=torch.int16, device=d),
+                                                            torch.ones(3, dtype=torch.int32, device=d)]),
+    "in-place write into the other half of its storage": lambda d: (lambda x: x[:5].add_(x[5:]))(
+        torch.arange(10.0, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_RESULT))
+def test_what_cpu_accepts_pjrt_accepts(name):
+    expected = SAME_RESULT[name]("cpu")
+    actual = SAME_RESULT[name]("pjrt")
+    for a, e in zip(actual if isinstance(actual, tuple) else (actual,), expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(a.cpu(), e)
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
