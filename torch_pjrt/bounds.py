@@ -88,6 +88,22 @@ def check(op, probes: Callable[[list], Iterator[Probe]], values: list, device: i
         raise_pending()
 
 
+def mark() -> tuple:
+    """The queue's state now, for `forget_since`."""
+    with _lock:
+        return len(_queued), dict(_seen)
+
+
+def forget_since(state: tuple) -> None:
+    """Drop the checks queued after `mark()` returned `state`: a call that raises its own error
+    (CPU's, see errors.py) leaves no check behind to raise again at the next sync."""
+    length, seen = state
+    with _lock:
+        del _queued[length:]
+        _seen.clear()
+        _seen.update(seen)
+
+
 def raise_pending() -> None:
     """At a host sync: raise for the first out-of-range index the queued checks found."""
     if not _queued:  # the common case, without the lock

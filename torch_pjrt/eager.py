@@ -111,9 +111,12 @@ class Kernel:
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
+        queue = bounds.mark() if self.index_probes is not None else None
         try:
             return self._compute(args, kwargs)
         except Exception as e:  # noqa: BLE001  (only the failure path pays: see errors.py)
+            if queue is not None:
+                bounds.forget_since(queue)  # this call's own index checks go with its error
             error = errors.as_torch_error(self.op, *self.sig.split(self.sig.bind(args, kwargs)), e)
             if error is None:  # CPU accepts what the meta check refused: run unchecked
                 return self._compute(args, kwargs)
