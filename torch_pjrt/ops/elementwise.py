@@ -800,6 +800,480 @@ def angle(self):
 
 
 # ---------------------------------------------------------------------------------------
+# special functions: Bessel, Airy and orthogonal polynomials, as torch's CPU kernels compute
+# them (ATen/native/Math.h: Cephes' rational approximations and Chebyshev series, evaluated
+# in the computation dtype with the same coefficients, branches and loop bounds). torch has
+# float32/float64 kernels only (integers and bools compute in the default float dtype).
+
+
+def _horner(z, coefficients):
+    """Math.h's `p = p * z + c` over the coefficients, highest degree first (from p = 0)."""
+    p = jnp.zeros_like(z)
+    for c in coefficients:
+        p = p * z + c
+    return p
+
+
+def _chbevl(y, coefficients):
+    """Math.h's Chebyshev series loop: a = y * q - p + c, returning 0.5 * (a - p)."""
+    p = q = jnp.zeros_like(y)
+    a = jnp.full_like(y, coefficients[0])
+    for c in coefficients[1:]:
+        p, q = q, a
+        a = y * q - p + c
+    return 0.5 * (a - p)
+
+
+def _full(x, value):
+    return jnp.full((), value, x.dtype)
+
+
+_J0_PP = (7.96936729297347051624e-04, 8.28352392107440799803e-02, 1.23953371646414299388e+00,
+          5.44725003058768775090e+00, 8.74716500199817011941e+00, 5.30324038235394892183e+00,
+          9.99999999999999997821e-01)
+_J0_PQ = (9.24408810558863637013e-04, 8.56288474354474431428e-02, 1.25352743901058953537e+00,
+          5.47097740330417105182e+00, 8.76190883237069594232e+00, 5.30605288235394617618e+00,
+          1.00000000000000000218e+00)
+_J0_QP = (-1.13663838898469149931e-02, -1.28252718670509318512e+00, -1.95539544257735972385e+01,
+          -9.32060152123768231369e+01, -1.77681167980488050595e+02, -1.47077505154951170175e+02,
+          -5.14105326766599330220e+01, -6.05014350600728481186e+00)
+_J0_QQ = (6.43178256118178023184e+01, 8.56430025976980587198e+02, 3.88240183605401609683e+03,
+          7.24046774195652478189e+03, 5.93072701187316984827e+03, 2.06209331660327847417e+03,
+          2.42005740240291393179e+02)
+_J0_RP = (-4.79443220978201773821e+09, 1.95617491946556577543e+12, -2.49248344360967716204e+14,
+          9.70862251047306323952e+15)
+_J0_RQ = (4.99563147152651017219e+02, 1.73785401676374683123e+05, 4.84409658339962045305e+07,
+          1.11855537045356834862e+10, 2.11277520115489217587e+12, 3.10518229857422583814e+14,
+          3.18121955943204943306e+16, 1.71086294081043136091e+18)
+_Y0_YP = (1.55924367855235737965e+04, -1.46639295903971606143e+07, 5.43526477051876500413e+09,
+          -9.82136065717911466409e+11, 8.75906394395366999549e+13, -3.46628303384729719441e+15,
+          4.42733268572569800351e+16, -1.84950800436986690637e+16)
+_Y0_YQ = (1.04128353664259848412e+03, 6.26107330137134956842e+05, 2.68919633393814121987e+08,
+          8.64002487103935000337e+10, 2.02979612750105546709e+13, 3.17157752842975028269e+15,
+          2.50596256172653059228e+17)
+_J1_PP = (7.62125616208173112003e-04, 7.31397056940917570436e-02, 1.12719608129684925192e+00,
+          5.11207951146807644818e+00, 8.42404590141772420927e+00, 5.21451598682361504063e+00,
+          1.00000000000000000254e+00)
+_J1_PQ = (5.71323128072548699714e-04, 6.88455908754495404082e-02, 1.10514232634061696926e+00,
+          5.07386386128601488557e+00, 8.39985554327604159757e+00, 5.20982848682361821619e+00,
+          9.99999999999999997461e-01)
+_J1_QP = (5.10862594750176621635e-02, 4.98213872951233449420e+00, 7.58238284132545283818e+01,
+          3.66779609360150777800e+02, 7.10856304998926107277e+02, 5.97489612400613639965e+02,
+          2.11688757100572135698e+02, 2.52070205858023719784e+01)
+_J1_QQ = (7.42373277035675149943e+01, 1.05644886038262816351e+03, 4.98641058337653607651e+03,
+          9.56231892404756170795e+03, 7.99704160447350683650e+03, 2.82619278517639096600e+03,
+          3.36093607810698293419e+02)
+_J1_RP = (-8.99971225705559398224e+08, 4.52228297998194034323e+11, -7.27494245221818276015e+13,
+          3.68295732863852883286e+15)
+_J1_RQ = (6.20836478118054335476e+02, 2.56987256757748830383e+05, 8.35146791431949253037e+07,
+          2.21511595479792499675e+10, 4.74914122079991414898e+12, 7.84369607876235854894e+14,
+          8.95222336184627338078e+16, 5.32278620332680085395e+18)
+_Y1_YP = (1.26320474790178026440e+09, -6.47355876379160291031e+11, 1.14509511541823727583e+14,
+          -8.12770255501325109621e+15, 2.02439475713594898196e+17, -7.78877196265950026825e+17)
+_Y1_YQ = (5.94301592346128195359e+02, 2.35564092943068577943e+05, 7.34811944459721705660e+07,
+          1.87601316108706159478e+10, 3.88231277496238566008e+12, 6.20557727146953693363e+14,
+          6.87141087355300489866e+16, 3.97270608116560655612e+18)
+_TWO_OVER_PI = 0.636619772367581343075535053490057448
+_SQRT_TWO_OVER_PI = 0.797884560802865355879892119868763737
+_PI_OVER_4 = 0.785398163397448309615660845819875721
+_3PI_OVER_4 = 2.356194490192344928846982537459627163
+
+
+def _bessel_asymptotic(x, pp, pq, qp, qq, phase, z, sine):
+    """The x > 5 branch shared by J0/J1/Y0/Y1: z is 25/x^2 (order 0) or (5/x)*(5/x) (order 1)."""
+    p = _horner(z, pp) / _horner(z, pq)
+    q = _horner(z, qp) / _horner(z, qq)
+    if sine:  # Y: p sin + (5/x) q cos
+        out = p * jnp.sin(x - phase) + 5.0 / x * q * jnp.cos(x - phase)
+    else:  # J: p cos - (5/x) q sin
+        out = p * jnp.cos(x - phase) - 5.0 / x * q * jnp.sin(x - phase)
+    return out * _SQRT_TWO_OVER_PI / jnp.sqrt(x)
+
+
+def _bessel_j0(x):
+    x = jnp.abs(x)
+    xx = x * x
+    small = (xx - 5.78318596294678452118e+00) * (xx - 3.04712623436620863991e+01) * _horner(xx, _J0_RP) / _horner(xx, _J0_RQ)
+    small = jnp.where(x < 0.00001, 1.0 - xx / 4.0, small)
+    large = _bessel_asymptotic(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PI_OVER_4, 25.0 / xx, sine=False)
+    return jnp.where(x <= 5.0, small, large)
+
+
+def _bessel_j1(x):
+    xx = x * x
+    # J1 is odd: the small branch's polynomial in x^2 times x holds for negative x as it is
+    small = _horner(xx, _J1_RP) / _horner(xx, _J1_RQ) * x * (xx - 1.46819706421238932572e+01) * (xx - 4.92184563216946036703e+01)
+    a = jnp.abs(x)
+    large = _bessel_asymptotic(a, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _3PI_OVER_4, 5.0 / a * (5.0 / a), sine=False)
+    return jnp.where(a <= 5.0, small, jnp.where(x < 0, -large, large))
+
+
+def _bessel_y0(x):
+    xx = x * x
+    small = _horner(xx, _Y0_YP) / _horner(xx, _Y0_YQ) + _TWO_OVER_PI * jnp.log(x) * _bessel_j0(x)
+    small = jnp.where(x == 0, _full(x, -jnp.inf), jnp.where(x < 0, _full(x, jnp.nan), small))
+    large = _bessel_asymptotic(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PI_OVER_4, 25.0 / xx, sine=True)
+    return jnp.where(x <= 5.0, small, large)
+
+
+def _bessel_y1(x):
+    xx = x * x
+    small = x * (_horner(xx, _Y1_YP) / _horner(xx, _Y1_YQ)) + _TWO_OVER_PI * (_bessel_j1(x) * jnp.log(x) - 1.0 / x)
+    small = jnp.where(x == 0, _full(x, -jnp.inf), jnp.where(x < 0, _full(x, jnp.nan), small))
+    large = _bessel_asymptotic(x, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _3PI_OVER_4, 5.0 / x * (5.0 / x), sine=True)
+    return jnp.where(x <= 5.0, small, large)
+
+
+_I0_A = (-4.41534164647933937950e-18, 3.33079451882223809783e-17, -2.43127984654795469359e-16,
+         1.71539128555513303061e-15, -1.16853328779934516808e-14, 7.67618549860493561688e-14,
+         -4.85644678311192946090e-13, 2.95505266312963983461e-12, -1.72682629144155570723e-11,
+         9.67580903537323691224e-11, -5.18979560163526290666e-10, 2.65982372468238665035e-09,
+         -1.30002500998624804212e-08, 6.04699502254191894932e-08, -2.67079385394061173391e-07,
+         1.11738753912010371815e-06, -4.41673835845875056359e-06, 1.64484480707288970893e-05,
+         -5.75419501008210370398e-05, 1.88502885095841655729e-04, -5.76375574538582365885e-04,
+         1.63947561694133579842e-03, -4.32430999505057594430e-03, 1.05464603945949983183e-02,
+         -2.37374148058994688156e-02, 4.93052842396707084878e-02, -9.49010970480476444210e-02,
+         1.71620901522208775349e-01, -3.04682672343198398683e-01, 6.76795274409476084995e-01)
+_I0_B = (-7.23318048787475395456e-18, -4.83050448594418207126e-18, 4.46562142029675999901e-17,
+         3.46122286769746109310e-17, -2.82762398051658348494e-16, -3.42548561967721913462e-16,
+         1.77256013305652638360e-15, 3.81168066935262242075e-15, -9.55484669882830764870e-15,
+         -4.15056934728722208663e-14, 1.54008621752140982691e-14, 3.85277838274214270114e-13,
+         7.18012445138366623367e-13, -1.79417853150680611778e-12, -1.32158118404477131188e-11,
+         -3.14991652796324136454e-11, 1.18891471078464383424e-11, 4.94060238822496958910e-10,
+         3.39623202570838634515e-09, 2.26666899049817806459e-08, 2.04891858946906374183e-07,
+         2.89137052083475648297e-06, 6.88975834691682398426e-05, 3.36911647825569408990e-03,
+         8.04490411014108831608e-01)
+_I1_A = (2.77791411276104639959e-18, -2.11142121435816608115e-17, 1.55363195773620046921e-16,
+         -1.10559694773538630805e-15, 7.60068429473540693410e-15, -5.04218550472791168711e-14,
+         3.22379336594557470981e-13, -1.98397439776494371520e-12, 1.17361862988909016308e-11,
+         -6.66348972350202774223e-11, 3.62559028155211703701e-10, -1.88724975172282928790e-09,
+         9.38153738649577178388e-09, -4.44505912879632808065e-08, 2.00329475355213526229e-07,
+         -8.56872026469545474066e-07, 3.47025130813767847674e-06, -1.32731636560394358279e-05,
+         4.78156510755005422638e-05, -1.61760815825896745588e-04, 5.12285956168575772895e-04,
+         -1.51357245063125314899e-03, 4.15642294431288815669e-03, -1.05640848946261981558e-02,
+         2.47264490306265168283e-02, -5.29459812080949914269e-02, 1.02643658689847095384e-01,
+         -1.76416518357834055153e-01, 2.52587186443633654823e-01)
+_I1_B = (7.51729631084210481353e-18, 4.41434832307170791151e-18, -4.65030536848935832153e-17,
+         -3.20952592199342395980e-17, 2.96262899764595013876e-16, 3.30820231092092828324e-16,
+         -1.88035477551078244854e-15, -3.81440307243700780478e-15, 1.04202769841288027642e-14,
+         4.27244001671195135429e-14, -2.10154184277266431302e-14, -4.08355111109219731823e-13,
+         -7.19855177624590851209e-13, 2.03562854414708950722e-12, 1.41258074366137813316e-11,
+         3.25260358301548823856e-11, -1.89749581235054123450e-11, -5.58974346219658380687e-10,
+         -3.83538038596423702205e-09, -2.63146884688951950684e-08, -2.51223623787020892529e-07,
+         -3.88256480887769039346e-06, -1.10588938762623716291e-04, -9.76109749136146840777e-03,
+         7.78576235018280120474e-01)
+_K0_A = (1.37446543561352307156e-16, 4.25981614279661018399e-14, 1.03496952576338420167e-11,
+         1.90451637722020886025e-09, 2.53479107902614945675e-07, 2.28621210311945178607e-05,
+         1.26461541144692592338e-03, 3.59799365153615016266e-02, 3.44289899924628486886e-01,
+         -5.35327393233902768720e-01)
+_K0_B = (5.30043377268626276149e-18, -1.64758043015242134646e-17, 5.21039150503902756861e-17,
+         -1.67823109680541210385e-16, 5.51205597852431940784e-16, -1.84859337734377901440e-15,
+         6.34007647740507060557e-15, -2.22751332699166985548e-14, 8.03289077536357521100e-14,
+         -2.98009692317273043925e-13, 1.14034058820847496303e-12, -4.51459788337394416547e-12,
+         1.85594911495471785253e-11, -7.95748924447710747776e-11, 3.57739728140030116597e-10,
+         -1.69753450938905987466e-09, 8.57403401741422608519e-09, -4.66048989768794782956e-08,
+         2.76681363944501510342e-07, -1.83175552271911948767e-06, 1.39498137188764993662e-05,
+         -1.28495495816278026384e-04, 1.56988388573005337491e-03, -3.14481013119645005427e-02,
+         2.44030308206595545468e+00)
+_K1_A = (-7.02386347938628759343e-18, -2.42744985051936593393e-15, -6.66690169419932900609e-13,
+         -1.41148839263352776110e-10, -2.21338763073472585583e-08, -2.43340614156596823496e-06,
+         -1.73028895751305206302e-04, -6.97572385963986435018e-03, -1.22611180822657148235e-01,
+         -3.53155960776544875667e-01, 1.52530022733894777053e+00)
+_K1_B = (-5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844285935196e-17,
+         1.83809354436663880070e-16, -6.05704724837331885336e-16, 2.03870316562433424052e-15,
+         -7.01983709041831346144e-15, 2.47715442448130437068e-14, -8.97670518232499435011e-14,
+         3.34841966607842919884e-13, -1.28917396095102890680e-12, 5.13963967348173025100e-12,
+         -2.12996783842756842877e-11, 9.21831518760500529508e-11, -4.19035475934189648750e-10,
+         2.01504975519703286596e-09, -1.03457624656780970260e-08, 5.74108412545004946722e-08,
+         -3.50196060308781257119e-07, 2.40648494783721712015e-06, -1.93619797416608296024e-05,
+         1.95215518471351631108e-04, -2.85781685962277938680e-03, 1.03923736576817238437e-01,
+         2.72062619048444266945e+00)
+
+
+def _modified_bessel_i0(x):
+    a = jnp.abs(x)
+    small = jnp.exp(a) * _chbevl(a / 2.0 - 2.0, _I0_A)
+    large = jnp.exp(a) * _chbevl(32.0 / a - 2.0, _I0_B) / jnp.sqrt(a)
+    return jnp.where(a <= 8.0, small, large)
+
+
+def _modified_bessel_i1(x):
+    a = jnp.abs(x)
+    small = _chbevl(a / 2.0 - 2.0, _I1_A) * a * jnp.exp(a)
+    large = jnp.exp(a) * _chbevl(32.0 / a - 2.0, _I1_B) / jnp.sqrt(a)
+    out = jnp.where(a <= 8.0, small, large)
+    return jnp.where(x < 0, -out, out)
+
+
+def _k_domain(x, out):
+    """K0/K1 (scaled or not): +inf at 0, NaN below."""
+    return jnp.where(x == 0, _full(x, jnp.inf), jnp.where(x < 0, _full(x, jnp.nan), out))
+
+
+def _modified_bessel_k0(x, scaled=False):
+    small = _chbevl(x * x - 2.0, _K0_A) - jnp.log(0.5 * x) * _modified_bessel_i0(x)
+    series = _chbevl(8.0 / x - 2.0, _K0_B)
+    if scaled:
+        small, large = small * jnp.exp(x), series / jnp.sqrt(x)
+    else:
+        large = jnp.exp(-x) * series / jnp.sqrt(x)
+    return _k_domain(x, jnp.where(x <= 2.0, small, large))
+
+
+def _modified_bessel_k1(x, scaled=False):
+    small = jnp.log(0.5 * x) * _modified_bessel_i1(x) + _chbevl(x * x - 2.0, _K1_A) / x
+    series = _chbevl(8.0 / x - 2.0, _K1_B)
+    if scaled:
+        small, large = small * jnp.exp(x), series / jnp.sqrt(x)
+    else:
+        large = jnp.exp(-x) * series / jnp.sqrt(x)
+    return _k_domain(x, jnp.where(x <= 2.0, small, large))
+
+
+def _spherical_bessel_j0(x):
+    xx = x * x
+    series = 1.0 + xx * (-1.0 / 6.0 + xx * (1.0 / 120.0 + xx * (-1.0 / 5040.0 + xx * (
+        1.0 / 362880.0 + xx * (-1.0 / 39916800.0 + xx * (1.0 / 6227020800.0))))))
+    out = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(x) / x)
+    return jnp.where(jnp.isinf(x), _zero(x), out)
+
+
+_AIRY_AN = (3.46538101525629032477e-01, 1.20075952739645805542e+01, 7.62796053615234516538e+01,
+            1.68089224934630576269e+02, 1.59756391350164413639e+02, 7.05360906840444183113e+01,
+            1.40264691163389668864e+01, 9.99999999999999995305e-01)
+_AIRY_AD = (5.67594532638770212846e-01, 1.47562562584847203173e+01, 8.45138970141474626562e+01,
+            1.77318088145400459522e+02, 1.64234692871529701831e+02, 7.14778400825575695274e+01,
+            1.40959135607834029598e+01, 1.00000000000000000470e+00)
+_AIRY_AFN = (-1.31696323418331795333e-01, -6.26456544431912369773e-01, -6.93158036036933542233e-01,
+             -2.79779981545119124951e-01, -4.91900132609500318020e-02, -4.06265923594885404393e-03,
+             -1.59276496239262096340e-04, -2.77649108155232920844e-06, -1.67787698489114633780e-08)
+_AIRY_AFD = (1.33560420706553243746e+01, 3.26825032795224613948e+01, 2.67367040941499554804e+01,
+             9.18707402907259625840e+00, 1.47529146771666414581e+00, 1.15687173795188044134e-01,
+             4.40291641615211203805e-03, 7.54720348287414296618e-05, 4.51850092970580378464e-07)
+_AIRY_AGN = (1.97339932091685679179e-02, 3.91103029615688277255e-01, 1.06579897599595591108e+00,
+             9.39169229816650230044e-01, 3.51465656105547619242e-01, 6.33888919628925490927e-02,
+             5.85804113048388458567e-03, 2.82851600836737019778e-04, 6.98793669997260967291e-06,
+             8.11789239554389293311e-08, 3.41551784765923618484e-10)
+_AIRY_AGD = (9.30892908077441974853e+00, 1.98352928718312140417e+01, 1.55646628932864612953e+01,
+             5.47686069422975497931e+00, 9.54293611618961883998e-01, 8.64580826352392193095e-02,
+             4.12656523824222607191e-03, 1.01259085116509135510e-04, 1.17166733214413521882e-06,
+             4.91834570062930015649e-09)
+
+
+def _airy_ai(x):
+    inv_sqrt_pi = 5.64189583547756286948e-01
+    # x < -2.09: the oscillating asymptotic expansion
+    neg = jnp.where(x < -2.09, x, _full(x, -3.0))
+    zeta = -2.0 * neg * jnp.sqrt(-neg) / 3.0
+    z = 1.0 / zeta
+    zz = z * z
+    t = zeta + 0.25 * _m.pi
+    oscillating = inv_sqrt_pi / jnp.sqrt(jnp.sqrt(-neg)) * (
+        jnp.sin(t) * (1.0 + zz * _horner(zz, _AIRY_AFN) / _horner(zz, _AIRY_AFD))
+        - jnp.cos(t) * (z * _horner(zz, _AIRY_AGN) / _horner(zz, _AIRY_AGD)))
+    # x >= 2.09: the decaying asymptotic expansion
+    pos = jnp.where(x >= 2.09, x, _full(x, 3.0))
+    zeta = 2.0 * pos * jnp.sqrt(pos) / 3.0
+    decaying = inv_sqrt_pi * (_horner(1.0 / zeta, _AIRY_AN) / _horner(1.0 / zeta, _AIRY_AD)) / (
+        2.0 * jnp.sqrt(jnp.sqrt(pos)) * jnp.exp(zeta))
+    # in between: the power series, summed until its terms stop mattering, per element
+    s = jnp.where((x < -2.09) | (x >= 2.09), _zero(x), x)  # NaN stays: the series gives NaN, as on CPU
+    eps = jnp.finfo(x.dtype).eps
+    cube = s * s * s
+
+    def body(state):
+        f, g, k, m, n, t = state
+        active = t > eps
+        m1 = m * cube
+        k1 = k + 1.0
+        m1 = m1 / k1
+        n1 = n * cube
+        k1 = k1 + 1.0
+        n1 = n1 / k1
+        m1 = m1 / k1
+        f1 = f + m1
+        k1 = k1 + 1.0
+        n1 = n1 / k1
+        g1 = g + n1
+        t1 = jnp.abs(m1 / f1)
+        keep = lambda new, old: jnp.where(active, new, old)  # noqa: E731
+        return keep(f1, f), keep(g1, g), keep(k1, k), keep(m1, m), keep(n1, n), keep(t1, t)
+
+    one = jnp.ones_like(s)
+    f, g, *_ = lax.while_loop(lambda st: jnp.any(st[5] > eps), body, (one, s, one, one, s, one))
+    series = 0.355028053887817239260 * f - 0.258819403792806798405 * g
+    out = jnp.where(x < -2.09, oscillating, jnp.where(x >= 2.09, decaying, series))
+    out = jnp.where(x > 103.892, _zero(x), out)
+    return jnp.where(jnp.isinf(x), _full(x, jnp.nan), out)
+
+
+_SPECIAL_UNARY = {
+    "special_airy_ai": _airy_ai,
+    "special_bessel_j0": _bessel_j0,
+    "special_bessel_j1": _bessel_j1,
+    "special_bessel_y0": _bessel_y0,
+    "special_bessel_y1": _bessel_y1,
+    "special_modified_bessel_i0": _modified_bessel_i0,
+    "special_modified_bessel_i1": _modified_bessel_i1,
+    "special_modified_bessel_k0": _modified_bessel_k0,
+    "special_modified_bessel_k1": _modified_bessel_k1,
+    "special_scaled_modified_bessel_k0": lambda x: _modified_bessel_k0(x, scaled=True),
+    "special_scaled_modified_bessel_k1": lambda x: _modified_bessel_k1(x, scaled=True),
+    "special_spherical_bessel_j0": _spherical_bessel_j0,
+}
+for _name, _math in _SPECIAL_UNARY.items():
+    globals()[_name] = define(_name, _math, kind=INT_TO_FLOAT, allowed="buif", half=False)
+
+
+# Orthogonal polynomials P_n(x) with a tensor degree n: Math.h's special cases, closed forms
+# and three-term recurrences. The degree arrives in the computation dtype and becomes an
+# int64 as C++'s static_cast does on x86: NaN, infinities and out-of-range values give
+# INT64_MIN, so degree 0 results.
+
+
+def _degree(n):
+    valid = jnp.isfinite(n) & (jnp.abs(n) < 2.0 ** 63)
+    return jnp.where(valid, jnp.trunc(jnp.where(valid, n, 0)).astype(jnp.int64), jnp.int64(-1))
+
+
+def _recurrence(p, q, steps, step, stop_at_nan=True):
+    """Run (p, q) <- (q, step(i, p, q)) for i = 0, 1, ... while i < steps (elementwise), and,
+    where stop_at_nan, while q is not NaN (Math.h's `&& !std::isnan(q)`); returns q."""
+
+    def active(i, q):
+        running = i < steps
+        return running & ~jnp.isnan(q) if stop_at_nan else running
+
+    def body(state):
+        i, p, q = state
+        on = active(i, q)
+        r = step(i, p, q)
+        return i + 1, jnp.where(on, q, p), jnp.where(on, r, q)
+
+    _, _, q = lax.while_loop(lambda st: jnp.any(active(st[0], st[2])), body, (jnp.int64(0), p, q))
+    return q
+
+
+def _as(x, value):
+    """An int64 (or Python) value in x's dtype (C++'s implicit int64 -> T conversion)."""
+    return jnp.asarray(value).astype(x.dtype)
+
+
+def _chebyshev(kind, x, n, shifted=False):
+    """Chebyshev T, U, V, W and their shifted forms (argument 2x - 1)."""
+    k = _degree(n)
+    y = x + x - 1.0 if shifted else x
+    even = k % 2 == 0
+    one, minus_one = jnp.ones_like(x), -jnp.ones_like(x)
+    n1, n21 = _as(x, k + 1), _as(x, k + k + 1)
+    # the ends of the interval: |x| == 1 (shifted: x == 1 and x == 0)
+    at_top = (x == 1.0) if shifted else (jnp.abs(x) == 1.0) & (x > 0)
+    at_bottom = (x == 0.0) if shifted else (jnp.abs(x) == 1.0) & ~(x > 0)
+    top = {"t": one, "u": n1, "v": one, "w": n21}[kind]
+    bottom = {"t": jnp.where(even, one, minus_one), "u": jnp.where(even, n1, -n1),
+              "v": jnp.where(even, n21, -n21), "w": jnp.where(even, one, minus_one)}[kind]
+    # inside the interval, past a small degree: the trigonometric closed form
+    above = {"t": 6, "u": 8, "v": 8, "w": 8}[kind] if not shifted else {"t": 6, "u": 6, "v": 6, "w": 4}[kind]
+    inside = (k > above) & (jnp.abs(y) < 1.0)
+    theta = jnp.arccos(jnp.where(inside, y, _zero(x)))
+    half = _as(x, k) + 0.5
+    if kind == "t":
+        closed = jnp.cos(_as(x, k) * theta)
+    elif kind == "u":
+        closed = jnp.where(jnp.sin(theta) != 0, jnp.sin(n1 * theta) / jnp.sin(theta), n1 * jnp.cos(n1 * theta) / y)
+    elif kind == "v":
+        closed = jnp.where(jnp.sin(theta / 2.0) != 1.0, jnp.cos(half * theta) / jnp.cos(theta / 2.0),
+                           jnp.where(even, n21, -n21))
+    else:
+        degenerate = jnp.where(even, one, minus_one)
+        if not shifted:
+            degenerate = jnp.where(x > 0, n21, degenerate)
+        closed = jnp.where(jnp.cos(theta / 2.0) != 1.0, jnp.sin(half * theta) / jnp.sin(theta / 2.0), degenerate)
+    first = {"t": y, "u": y + y, "v": y + y - 1.0, "w": y + y + 1.0}[kind]  # P_1
+    general = ~((k < 0) | at_top | at_bottom | inside)
+    two_y = y + y
+    recur = _recurrence(one, first, jnp.where(general, k - 1, 0), lambda i, p, q: two_y * q - p)
+    out = jnp.where(k == 1, first, recur)
+    out = jnp.where(k == 0, one, out)
+    out = jnp.where(inside, closed, out)
+    out = jnp.where(at_bottom, bottom, jnp.where(at_top, top, out))
+    return jnp.where(k < 0, _zero(x), out)
+
+
+def _hermite_limit(x) -> int:
+    return 128 if x.dtype == np.float32 else 512
+
+
+def _hermite_polynomial_h(x, n):
+    k = _degree(n)
+    two_x = x + x
+    steps = jnp.where((k > 1) & (k <= _hermite_limit(x)), k - 1, 0)
+    recur = _recurrence(jnp.ones_like(x), two_x, steps, lambda i, p, q: two_x * q - _as(x, 2 * i + 2) * p,
+                        stop_at_nan=False)
+    out = jnp.where(k > _hermite_limit(x), _full(x, jnp.nan), recur)
+    out = jnp.where(k == 1, two_x, jnp.where(k == 0, jnp.ones_like(x), out))
+    return jnp.where(k < 0, _zero(x), out)
+
+
+def _hermite_polynomial_he(x, n):
+    k = _degree(n)
+    steps = jnp.where((k > 1) & (k <= _hermite_limit(x)), k - 1, 0)
+    recur = _recurrence(jnp.ones_like(x), x, steps, lambda i, p, q: x * q - _as(x, i + 1) * p, stop_at_nan=False)
+    out = jnp.where(k > _hermite_limit(x), _full(x, jnp.nan), recur)
+    out = jnp.where(k == 1, x, jnp.where(k == 0, jnp.ones_like(x), out))
+    return jnp.where(k < 0, _zero(x), out)
+
+
+def _laguerre_polynomial_l(x, n):
+    k = _degree(n)
+    one_minus_x = 1.0 - x
+
+    def step(i, p, q):
+        j = _as(x, i + 1)
+        return (((j + j) + one_minus_x) * q - j * p) / (j + 1.0)
+
+    general = (k > 1) & (jnp.abs(x) != 0)
+    recur = _recurrence(jnp.ones_like(x), one_minus_x, jnp.where(general, k - 1, 0), step)
+    out = jnp.where(k == 1, one_minus_x, recur)
+    out = jnp.where((k == 0) | (jnp.abs(x) == 0), jnp.ones_like(x), out)
+    return jnp.where(k < 0, _zero(x), out)
+
+
+def _legendre_polynomial_p(x, n):
+    k = _degree(n)
+
+    def step(i, p, q):
+        j = _as(x, i + 1)
+        return ((j + j + 1.0) * x * q - j * p) / (j + 1.0)
+
+    ends = jnp.abs(x) == 1.0
+    recur = _recurrence(jnp.ones_like(x), x, jnp.where((k > 1) & ~ends, k - 1, 0), step)
+    out = jnp.where(k == 1, x, jnp.where(k == 0, jnp.ones_like(x), recur))
+    out = jnp.where(ends, jnp.where((x > 0) | (k % 2 == 0), jnp.ones_like(x), -jnp.ones_like(x)), out)
+    return jnp.where(k < 0, _zero(x), out)
+
+
+_POLYNOMIALS = {
+    "special_chebyshev_polynomial_t": lambda x, n: _chebyshev("t", x, n),
+    "special_chebyshev_polynomial_u": lambda x, n: _chebyshev("u", x, n),
+    "special_chebyshev_polynomial_v": lambda x, n: _chebyshev("v", x, n),
+    "special_chebyshev_polynomial_w": lambda x, n: _chebyshev("w", x, n),
+    "special_shifted_chebyshev_polynomial_t": lambda x, n: _chebyshev("t", x, n, shifted=True),
+    "special_shifted_chebyshev_polynomial_u": lambda x, n: _chebyshev("u", x, n, shifted=True),
+    "special_shifted_chebyshev_polynomial_v": lambda x, n: _chebyshev("v", x, n, shifted=True),
+    "special_shifted_chebyshev_polynomial_w": lambda x, n: _chebyshev("w", x, n, shifted=True),
+    "special_hermite_polynomial_h": _hermite_polynomial_h,
+    "special_hermite_polynomial_he": _hermite_polynomial_he,
+    "special_laguerre_polynomial_l": _laguerre_polynomial_l,
+    "special_legendre_polynomial_p": _legendre_polynomial_p,
+}
+for _name, _math in _POLYNOMIALS.items():
+    _packet = getattr(aten, _name)
+    globals()[_name] = define(_name, _math, kind=INT_TO_FLOAT, allowed="buif", half=False,
+                              ops=(_packet.default, _packet.x_scalar, _packet.n_scalar))
+
+
+# ---------------------------------------------------------------------------------------
 # activations and their backward ops
 
 

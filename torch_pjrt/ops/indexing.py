@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .promotion import cast, promote
+from .reductions import vector_norm
 from .registry import lowering
 from .views import wrap_dim
 
@@ -439,6 +440,28 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     acc = grad.astype(jnp.float32) if grad.dtype in (jnp.float16, jnp.bfloat16) else grad
     out = jnp.zeros((num_weights, acc.shape[1]), acc.dtype).at[idx].add(acc, mode="drop")
     return out.astype(grad_output.dtype).reshape(num_weights, *grad_output.shape[indices.ndim:])
+
+
+@lowering(aten.embedding_renorm.default)
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """embedding_renorm_'s functional form (the in-place op is derived from it): each row named
+    by `indices` (once, however often it repeats) whose norm exceeds max_norm is scaled by
+    max_norm / (norm + 1e-7), as CPU does: the norm in self's dtype, the scale in double and
+    then rounded to self's dtype, the product in float32 for float16/bfloat16."""
+    if self.ndim != 2:
+        raise RuntimeError(f"embedding_renorm_: Expected 2-dimensional tensor, but got {self.ndim}-dimensional "
+                           f"tensor for argument #1 'self' (while checking arguments for embedding_renorm_)")
+    if np.dtype(indices.dtype) not in (np.dtype(np.int64), np.dtype(np.int32)):
+        raise RuntimeError("embedding_renorm_: Expected tensor for argument #2 'indices' to have one of the following "
+                           f"scalar types: Long, Int; but got {np.dtype(indices.dtype).name} instead "
+                           "(while checking arguments for embedding_renorm_)")
+    rows = jnp.zeros((self.shape[0],), jnp.bool_).at[wrap_index(indices.reshape(-1), self.shape[0])].set(
+        True, mode="drop")
+    norm = vector_norm(self, norm_type, [1], False, None).astype(jnp.float64)
+    scale = max_norm / (norm + 1e-7)
+    compute = jnp.float32 if self.dtype in (jnp.float16, jnp.bfloat16) else self.dtype
+    scaled = (self.astype(compute) * scale.astype(self.dtype).astype(compute)[:, None]).astype(self.dtype)
+    return jnp.where((rows & (norm > max_norm))[:, None], scaled, self)
 
 
 

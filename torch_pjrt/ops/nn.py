@@ -12,6 +12,8 @@ Conventions shared by this file:
 """
 from __future__ import annotations
 
+import fractions
+import functools
 import itertools
 import math
 
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..dtypes import to_jax
+from ..dtypes import to_jax, to_torch
 from .promotion import cast, promote
 from .registry import lowering
 
@@ -629,8 +631,9 @@ def _max_unpool_grad(grad_output, indices, input, nd):
     lead_shape = input.shape[: input.ndim - nd]
     L = math.prod(lead_shape)
     S = math.prod(input.shape[input.ndim - nd:])
-    g = _up(grad_output).reshape(L, -1)
-    i = indices.reshape(L, -1).astype(I64)
+    per_plane = math.prod(grad_output.shape[grad_output.ndim - nd:])  # not -1: L may be 0
+    g = _up(grad_output).reshape(L, per_plane)
+    i = indices.reshape(L, per_plane).astype(I64)
     out = jnp.zeros((L, S), g.dtype).at[jnp.arange(L, dtype=I64)[:, None], i].add(g, mode="drop")
     return out.reshape(input.shape).astype(input.dtype)
 
@@ -844,6 +847,98 @@ def adaptive_max_pool2d_backward(grad_output, self, indices):
 
 @lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad_output, self, indices):
+    return _max_unpool_grad(grad_output, indices, self, 3)
+
+
+# Fractional max pooling: windows of a fixed size whose starts come from one random sample
+# per (batch, channel, spatial dim) in [0, 1), given as the tensor `random_samples`; the
+# op is deterministic in it. The starts follow CPU's generate_intervals, computed in the
+# samples' dtype (float16/bfloat16 round after every operation, as c10::Half does).
+_ROUNDING_BITS = {np.dtype(np.float16): (5, 10), np.dtype(jnp.bfloat16): (8, 7)}
+
+
+def _fractional_starts(sample, n_in, n_out, pool):
+    """Window starts (int64, a trailing axis of n_out) from samples in their own dtype."""
+    dtype = np.dtype(sample.dtype)
+    bits = _ROUNDING_BITS.get(dtype)
+    u = sample.astype(F32) if bits else sample
+
+    def rounded(v):
+        return lax.reduce_precision(v, *bits) if bits else v
+
+    starts = jnp.full(sample.shape + (n_out,), n_in - pool, I64)  # the last window ends at the input's end
+    if n_out > 1:
+        # every integer is converted to the dtype first (bfloat16 rounds those above 256)
+        alpha = rounded(rounded(jnp.asarray(n_in - pool, u.dtype)) / rounded(jnp.asarray(n_out - 1, u.dtype)))
+        i = rounded(jnp.arange(n_out - 1, dtype=u.dtype))
+        ends = rounded(rounded(i + u[..., None]) * alpha)
+        first = rounded(u * alpha)[..., None]
+        starts = starts.at[..., : n_out - 1].set(
+            jnp.trunc(ends).astype(jnp.int32).astype(I64) - jnp.trunc(first).astype(jnp.int32).astype(I64))
+    return starts
+
+
+def _fractional_max_pool(name, x, kernel_size, output_size, random_samples, nd):
+    if x.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"{name}(): Expected {nd + 1}D or {nd + 2}D tensor, but got: {list(x.shape)}")
+    batched = x.ndim == nd + 2
+    x = x if batched else x[None]
+    sizes = x.shape[2:]
+    if random_samples.ndim != 3 or random_samples.shape[2] != nd:
+        raise RuntimeError(f"Expect _random_samples.size(2) equals to {nd}; got {random_samples.shape[-1]}.")
+    if random_samples.shape[1] != x.shape[1]:
+        raise RuntimeError("Expect _random_samples.size(1) equals to input channel size.")
+    dims = ("time", "height", "width")[3 - nd:]
+    for d, n, k, o in zip(dims, sizes, kernel_size, output_size):
+        # CPU's checks: the 2d windows may end at the input's end, the 3d ones must not
+        if (o + k - 1 > n) if nd == 2 else (o + k - 1 >= n):
+            where = name if nd == 2 else f"{name}_out"
+            raise RuntimeError(f"{where}(): pool {d} {k} too large relative to input {d} {n}")
+    # the samples' last axis: (w, h) for 2d, (t, h, w) for 3d
+    order = (1, 0) if nd == 2 else (0, 1, 2)
+    starts = [_fractional_starts(random_samples[..., order[a]], sizes[a], output_size[a], kernel_size[a])
+              for a in range(nd)]
+    strides = [math.prod(sizes[a + 1:]) for a in range(nd)]
+
+    def position(offsets):  # flat index into the spatial axes, per output element
+        flat = 0
+        for a, off in enumerate(offsets):
+            shape = [1] * nd
+            shape[a] = output_size[a]
+            flat = flat + (starts[a] + off).reshape(starts[a].shape[:2] + tuple(shape)) * strides[a]
+        return flat
+
+    planes = x.reshape(x.shape[:2] + (math.prod(sizes),))  # not -1: the batch may be empty
+    best = jnp.full(x.shape[:2] + tuple(output_size), -jnp.inf, x.dtype)
+    where = position((0,) * nd)
+    for offsets in itertools.product(*(range(k) for k in kernel_size)):  # CPU's loop order
+        at = position(offsets)
+        value = jnp.take_along_axis(planes, at.reshape(at.shape[:2] + (math.prod(output_size),)), axis=2)
+        value = value.reshape(at.shape)
+        better = (value > best) | jnp.isnan(value)  # a later NaN replaces an earlier one
+        best, where = jnp.where(better, value, best), jnp.where(better, at, where)
+    return (best, where) if batched else (best[0], where[0])
+
+
+@lowering(aten.fractional_max_pool2d.default)
+def fractional_max_pool2d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool("fractional_max_pool2d", self, tuple(kernel_size), tuple(output_size),
+                                random_samples, 2)
+
+
+@lowering(aten.fractional_max_pool3d.default)
+def fractional_max_pool3d(self, kernel_size, output_size, random_samples):
+    return _fractional_max_pool("fractional_max_pool3d", self, tuple(kernel_size), tuple(output_size),
+                                random_samples, 3)
+
+
+@lowering(aten.fractional_max_pool2d_backward.default)
+def fractional_max_pool2d_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_unpool_grad(grad_output, indices, self, 2)
+
+
+@lowering(aten.fractional_max_pool3d_backward.default)
+def fractional_max_pool3d_backward(grad_output, self, kernel_size, output_size, indices):
     return _max_unpool_grad(grad_output, indices, self, 3)
 
 
@@ -1256,6 +1351,155 @@ _register_upsample(aten.upsample_linear1d, aten.upsample_linear1d_backward, "lin
 _register_upsample(aten.upsample_bilinear2d, aten.upsample_bilinear2d_backward, "linear", 2)
 _register_upsample(aten.upsample_trilinear3d, aten.upsample_trilinear3d_backward, "linear", 3)
 _register_upsample(aten.upsample_bicubic2d, aten.upsample_bicubic2d_backward, "cubic", 2)
+
+
+# Antialiased resize (F.interpolate(..., antialias=True)): CPU's separable kernel with
+# Pillow's filters, widened by the scale when downsampling. Each axis is one (out, in)
+# weight matrix computed as CPU computes it (UpSampleKernel.cpp,
+# _compute_indices_min_size_weights_aa: float32 or float64 arithmetic, the same truncations
+# of the window bounds); the forward resamples only the axes whose size changes, width
+# first. uint8 images use CPU's fixed-point path: int16 weights at the largest precision
+# the axis allows, integer sums rounded by half an LSB, shifted and clamped after each pass.
+# Known difference: CPU's float kernel gives every output row the first row's value when the
+# output is one column wide and the height changes (its vertical pass loses the row stride);
+# this computes the separable result there, as CPU's uint8 path and its two passes run
+# separately do.
+
+
+def _aa_linear_filter(x):
+    x = np.abs(x)
+    return np.where(x < 1.0, (1.0 - x).astype(x.dtype), np.zeros_like(x))
+
+
+def _fma(a, b, c):
+    """a * b + c rounded once, in a's dtype: the fused multiply-add the compiler contracts
+    CPU's filter polynomials into (x86-64 AVX2 and aarch64 builds of torch)."""
+    if a.dtype == np.float32:  # the float32 product is exact in float64
+        return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+    flat = [float(fractions.Fraction(float(p)) * fractions.Fraction(float(q)) + fractions.Fraction(float(r)))
+            for p, q, r in zip(a.ravel(), b.ravel(), c.ravel())]
+    return np.asarray(flat, np.float64).reshape(a.shape)
+
+
+def _aa_cubic_filter(x):
+    # Keys' cubic with a = -0.5 (Pillow's); torch's non-antialiased bicubic uses -0.75
+    a = x.dtype.type(-0.5)
+    x = np.abs(x)
+    full = lambda v: np.full_like(x, v)  # noqa: E731
+    near = _fma(_fma(full(a + 2), x, full(-(a + 3))) * x, x, full(1))  # ((a + 2) x - (a + 3)) x x + 1
+    far = _fma(_fma(_fma(full(a), x, full(-5 * a)), x, full(8 * a)), x, full(-4 * a))  # ((a x - 5a) x + 8a) x - 4a
+    return np.where(x < 1.0, near, np.where(x < 2.0, far, np.zeros_like(x)))
+
+
+@functools.lru_cache(maxsize=256)
+def _aa_matrix(kind, n_in, n_out, align_corners, scale, ftype):
+    """(out, in) antialiased weights of one axis, in ftype's arithmetic (a float64 array)."""
+    f = np.dtype(ftype).type
+    interp_size, filt = (2, _aa_linear_filter) if kind == "linear" else (4, _aa_cubic_filter)
+    if align_corners:
+        s = f(n_in - 1) / f(n_out - 1) if n_out > 1 else f(0)
+    else:
+        s = _scale_value(scale, n_in, n_out, f)
+    support = f(interp_size * 0.5 * float(s)) if s >= 1.0 else f(interp_size * 0.5)
+    taps = int(math.ceil(support)) * 2 + 1
+    invscale = f(1.0 / float(s)) if s >= 1.0 else f(1.0)
+    center = (float(s) * (np.arange(n_out) + 0.5)).astype(ftype)
+    low = np.trunc((center - support).astype(np.float64) + 0.5).astype(I64)
+    high = np.trunc((center + support).astype(np.float64) + 0.5).astype(I64)
+    xmin = np.maximum(low, 0)
+    xsize = np.clip(np.minimum(high, n_in) - xmin, 0, taps)
+    j = np.arange(taps)
+    pos = xmin[:, None] + j[None, :]
+    arg = (((pos.astype(ftype) - center[:, None]).astype(np.float64) + 0.5) * float(invscale)).astype(ftype)
+    w = np.where(j[None, :] < xsize[:, None], filt(arg), f(0)).astype(ftype)
+    total = np.zeros(n_out, ftype)
+    for k in range(taps):  # summed in order, in ftype
+        total = (total + w[:, k]).astype(ftype)
+    w = np.where(total[:, None] != 0, (w / np.where(total == 0, f(1), total)[:, None]).astype(ftype), w)
+    m = np.zeros((n_out, n_in), np.float64)
+    rows = np.broadcast_to(np.arange(n_out)[:, None], pos.shape)
+    valid = j[None, :] < xsize[:, None]
+    np.add.at(m, (rows[valid], pos[valid]), w[valid].astype(np.float64))
+    m.setflags(write=False)  # cached
+    return m
+
+
+def _aa_int16(m):
+    """CPU's _compute_index_ranges_int16_weights: (int weights, precision) of one axis."""
+    largest = float(m.max()) if m.size else 0.0
+    precision = 0
+    while precision < 22 and int(0.5 + largest * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    v = m * (1 << precision)
+    return np.trunc(np.where(v < 0, v - 0.5, v + 0.5)).astype(np.int32), precision
+
+
+def _aa_resample_axis(y, m, axis):
+    return jnp.moveaxis(jnp.tensordot(y, jnp.asarray(m.T, y.dtype), axes=([axis], [0]),
+                                      precision=lax.Precision.HIGHEST), -1, axis)
+
+
+def _upsample_aa(kind, x, output_size, align_corners, scales):
+    name = "_upsample_bilinear2d_aa" if kind == "linear" else "_upsample_bicubic2d_aa"
+    dtype = np.dtype(x.dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.uint8)):
+        raise NotImplementedError(f'"compute_index_ranges_weights" not implemented for \'{to_torch(dtype)}\'')
+    if x.ndim != 4 or min(x.shape[2:]) <= 0 or min(output_size) <= 0:
+        raise RuntimeError(f"{name}: Input and output sizes should be greater than 0, but got input (H: "
+                           f"{x.shape[-2]}, W: {x.shape[-1]}) output (H: {output_size[0]}, W: {output_size[1]})")
+    ftype = np.float64 if dtype == np.float64 else np.float32
+    y = x.astype(jnp.int32) if dtype == np.uint8 else x
+    for axis in (3, 2):  # width first, then height; an axis that keeps its size is not resampled
+        n_in, n_out = x.shape[axis], output_size[axis - 2]
+        if n_in == n_out:
+            continue
+        m = _aa_matrix(kind, n_in, n_out, align_corners, scales[axis - 2], np.float64 if dtype == np.uint8 else ftype)
+        if dtype == np.uint8:
+            weights, precision = _aa_int16(m)
+            y = _aa_resample_axis(y, weights, axis) + (1 << (precision - 1))
+            y = jnp.clip(y >> precision, 0, 255)
+        else:
+            y = _aa_resample_axis(y, m, axis)
+    return y.astype(dtype)
+
+
+def _upsample_aa_backward(kind, grad_output, output_size, input_size, align_corners, scales):
+    """CPU's backward spreads each output gradient over every axis's weights (it does not
+    skip the axes that keep their size, as the forward does)."""
+    dtype = np.dtype(grad_output.dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        name = "upsample_bilinear2d_aa_backward_cpu" if kind == "linear" else "upsample_bicubic2d_aa_backward_cpu"
+        raise NotImplementedError(f'"{name}" not implemented for \'{to_torch(dtype)}\'')
+    g = grad_output
+    for axis in (2, 3):
+        m = _aa_matrix(kind, input_size[axis], output_size[axis - 2], align_corners, scales[axis - 2], dtype.type)
+        g = jnp.moveaxis(jnp.tensordot(g, jnp.asarray(m, dtype), axes=([axis], [0]),
+                                       precision=lax.Precision.HIGHEST), -1, axis)
+    return g
+
+
+@lowering(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_aa("linear", self, tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lowering(aten._upsample_bicubic2d_aa.default)
+def _upsample_bicubic2d_aa(self, output_size, align_corners, scales_h=None, scales_w=None):
+    return _upsample_aa("cubic", self, tuple(output_size), align_corners, (scales_h, scales_w))
+
+
+@lowering(aten._upsample_bilinear2d_aa_backward.default)
+def _upsample_bilinear2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                     scales_w=None):
+    return _upsample_aa_backward("linear", grad_output, tuple(output_size), tuple(input_size), align_corners,
+                                 (scales_h, scales_w))
+
+
+@lowering(aten._upsample_bicubic2d_aa_backward.default)
+def _upsample_bicubic2d_aa_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                    scales_w=None):
+    return _upsample_aa_backward("cubic", grad_output, tuple(output_size), tuple(input_size), align_corners,
+                                 (scales_h, scales_w))
 
 
 # -------------------------------------------------------------------- grid sampler

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from .registry import lowering
@@ -102,11 +103,34 @@ def random_(self, *, generator=None):
     return _random_ints(generator, self.shape, 0, _max_of(self.dtype) if self.dtype != jnp.int64 else 2**63 - 1, self.dtype)
 
 
+def _permutation(seed, n: int, dtype):
+    """A uniform permutation of 0..n-1 in `dtype`, after CPU's checks that n fits it."""
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got{n}")
+    name = np.dtype(dtype).name
+    largest = n - 1 if n > 0 else n
+    if np.dtype(dtype).kind in "iu" and largest > np.iinfo(dtype).max:
+        raise RuntimeError(f"n is too large for result tensor type: '{name}'")
+    limits = {"float16": (2**11 + 1, "2049", "Half"), "float32": (2**24 + 1, "2^24+1", "Float"),
+              "float64": (2**53 + 1, "2^53+1", "Double")}
+    if name in limits and n > limits[name][0]:
+        raise RuntimeError(f"n cannot be greater than {limits[name][1]} for {limits[name][2]} type.")
+    return jax.random.permutation(key(seed), n).astype(dtype)
+
+
 @lowering(aten.randperm.generator)
 def randperm(n, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
     from ..dtypes import to_jax
 
-    return jax.random.permutation(key(generator), n).astype(to_jax(dtype or torch.int64))
+    return _permutation(generator, n, to_jax(dtype or torch.int64))
+
+
+@lowering(aten.randperm.generator_out)
+def randperm_generator_out(n, *, generator=None, out):
+    """torch.randperm(n, device=...) and randperm(n, out=...) land here (through randperm's
+    CompositeExplicitAutograd kernels); its out= differs from randperm.generator's arguments
+    (no dtype), so it is not derived. Returns out's new value: a permutation in out's dtype."""
+    return _permutation(generator, n, out.dtype)
 
 
 @lowering(aten.native_dropout.default, random=True)

@@ -609,6 +609,22 @@ def mode(self, dim=-1, keepdim=False):
     return _pick(v, dim, best, keepdim), _pick(i, dim, best, keepdim)
 
 
+# --------------------------------------------------------------------------- equal (a Python bool)
+@jax.jit
+def _all_equal(a, b):
+    compute, _ = promote(a, b)
+    return jnp.all(cast(a, compute) == cast(b, compute))
+
+
+@lowering(aten.equal.default, jit=False)
+def equal(self, other):
+    """A Python bool, as on CPU: False for different shapes (no broadcasting), else whether
+    every element is equal after type promotion (NaN is unequal to itself, even in one tensor)."""
+    if tuple(self.shape) != tuple(other.shape):
+        return False
+    return bool(_all_equal(self, other))
+
+
 # --------------------------------------------------------------------------- searching / counting
 def _searchsorted(seq, values, side, sorter, out_int32):
     out_dtype = jnp.int32 if out_int32 else INT64
