@@ -130,3 +130,11 @@ def test_fast_path_failure_gives_the_cpu_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no warning either
         assert torch.allclose((a * 2).cpu(), a.cpu() * 2)
+
+
+def test_random_out_arguments_resize_as_on_cpu():
+    """randperm(n, out=t) with a wrongly sized t resizes it (with torch's warning), as on CPU."""
+    t = torch.empty(3, dtype=torch.long, device="pjrt")
+    with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+        torch.randperm(5, out=t)
+    assert t.shape == (5,) and sorted(t.cpu().tolist()) == list(range(5))

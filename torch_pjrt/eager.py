@@ -301,12 +301,14 @@ class MutatingKernel:
             errors.check_writes(self.op, args, kwargs, written)  # CPU refuses writes through overlapping memory
         result, device = self.kernel.compute(args, kwargs)
         results = [result] if self.single else list(result)
+        kwarg_only = self.kernel.sig.kwarg_only
         for i, new in zip(self.written, results):
+            resize = kwarg_only[i]  # out= arguments resize as the derived out= kernels' do; self never does
             if isinstance(values[i], (list, tuple)):
                 for t, v in zip(values[i], new):
-                    _store(self.op, t, v, resize=False)
+                    _store(self.op, t, v, resize=resize)
             else:
-                _store(self.op, values[i], new, resize=False)
+                _store(self.op, values[i], new, resize=resize)
         fresh = results[len(self.written):]
         out = [values[i] if kind == "arg" else _wrap(fresh[i], device) for kind, i in self.returns]
         return None if not out else out[0] if len(out) == 1 else tuple(out)
