@@ -417,7 +417,7 @@ def register(special: dict) -> None:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
     _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
-                          storage.wrap, TORCH_TO_JAX)
+                          TORCH_TO_JAX)
     for op, kernel in kernels.items():
         _install(op, kernel)
 

@@ -52,24 +52,23 @@ class Permuted:
     `array` = transpose(logical value, perm). Its tensor has the strides torch's meta kernel
     gives (channels_last and friends), while the storage stays one row-major buffer."""
 
-    __slots__ = ("array", "perm")
+    __slots__ = ("array", "perm", "inverse")
 
-    def __init__(self, array, perm: tuple):
+    def __init__(self, array, perm: tuple, inverse: tuple | None = None):
+        # inverse: the permute() of the physical array that gives the logical tensor (the C++
+        # kernel reads it on every call, so it travels precomputed)
         self.array, self.perm = array, perm
-
-    @property
-    def inverse(self) -> tuple:
-        return inverse_permutation(self.perm)
+        self.inverse = inverse_permutation(perm) if inverse is None else inverse
 
     def logical(self) -> jax.Array:
         return _transpose(self.array, self.inverse)
 
     def tree_flatten(self):
-        return (self.array,), self.perm
+        return (self.array,), (self.perm, self.inverse)
 
     @classmethod
-    def tree_unflatten(cls, perm, children):
-        return cls(children[0], perm)
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
 
 
 _transpose = jax.jit(jnp.transpose, static_argnums=1)

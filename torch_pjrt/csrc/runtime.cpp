@@ -666,7 +666,6 @@ struct EagerHelpers {
   PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
   PyObject* array_type = nullptr;    // jax's concrete array class
   PyObject* strided_view = nullptr;  // storage.StridedView
-  PyObject* wrap = nullptr;          // storage.wrap: any other result (a storage.Permuted output layout)
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
@@ -824,12 +823,16 @@ class FastKernel : public c10::OperatorKernel {
 
   at::Tensor wrap_result(const c10::OperatorHandle& op, PyObject* array, c10::DeviceIndex device) {
     if (array == Py_None) return at::Tensor();  // an output the op leaves undefined
-    if (Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {  // laid out by torch's strides
-      PyObject* t = PyObject_CallFunction(g_eager.wrap, "Oi", array, int(device));
-      if (!t) throw python_error();
-      at::Tensor out = THPVariable_Unpack(t);
-      Py_DECREF(t);
-      return out;
+    if (Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {
+      // a storage.Permuted (an output laid out by torch's strides): wrap its physical array, permute the view
+      py::object permuted = py::reinterpret_borrow<py::object>(array);
+      py::object physical = permuted.attr("array");
+      TORCH_CHECK(Py_TYPE(physical.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type), "pjrt: the lowering of ",
+                  op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name, " instead of a jax array");
+      record(physical.ptr());
+      std::vector<int64_t> dims;
+      for (auto d : permuted.attr("inverse")) dims.push_back(d.cast<int64_t>());
+      return wrap_array(physical, device).permute(dims);
     }
     record(array);
     return wrap_array(py::reinterpret_borrow<py::object>(array), device);
@@ -909,9 +912,9 @@ class FastKernel : public c10::OperatorKernel {
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
-                       py::object strided_view, py::object wrap, py::dict torch_to_jax) {
+                       py::object strided_view, py::dict torch_to_jax) {
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
-             array_type.release().ptr(), strided_view.release().ptr(), wrap.release().ptr()};
+             array_type.release().ptr(), strided_view.release().ptr()};
   for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
     auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
     if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();
