@@ -170,6 +170,22 @@ def _embedding_bag(values):
         f"Index {position} of input takes value {bad} which is not in the valid range [0, {size})")
 
 
+@jax.jit
+def _ascending(index):
+    return jnp.sort(index.reshape(-1))
+
+
+def _embedding_renorm(values):
+    """CPU's embedding_renorm_ visits the rows in ascending index order and selects each
+    (negative ones wrap), so the index it names is the first bad one in sorted order."""
+    shape, index = _shape(values[0]), values[1]
+    if len(shape) != 2 or not _is_integer(index) or math.prod(_shape(index)) == 0:
+        return  # the lowering refuses other shapes and dtypes
+    index = _ascending(index.resolve() if hasattr(index, "resolve") else index)
+    yield index, shape[0], True, lambda _, bad: IndexError(
+        f"select(): index {bad} out of range for tensor of size {list(shape)} at dimension 0")
+
+
 def _take(values):
     size = math.prod(_shape(values[0]))
     yield values[1], size, True, lambda _, bad: IndexError(
@@ -195,6 +211,7 @@ CHECKS = {
     aten.scatter_add.default: _along_dim(RuntimeError, _OUT_OF_BOUNDS),
     aten.scatter_reduce.two: _along_dim(RuntimeError, _OUT_OF_BOUNDS),
     aten.embedding.default: _embedding,
+    aten.embedding_renorm.default: _embedding_renorm,  # embedding_renorm_ is derived from it
     aten._embedding_bag.default: _embedding_bag,
     aten._embedding_bag_forward_only.default: _embedding_bag,
     aten.take.default: _take,

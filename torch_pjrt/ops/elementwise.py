@@ -1277,9 +1277,10 @@ for _name, _math in _POLYNOMIALS.items():
 # activations and their backward ops
 
 
-def activation(name, math, allowed="f", ops=None):
+def activation(name, math, allowed="f", ops=None, static=()):
     """An activation over (tensor operands..., Scalar arguments...): the tensors are promoted
-    together and the Scalars (slopes, thresholds) cast to the computation dtype."""
+    together and the Scalars (slopes, thresholds) cast to the computation dtype. `static`:
+    Scalars whose value torch checks (the meta kernel sees them only when concrete)."""
 
     ops = ops if ops is not None else (getattr(aten, name).default,)
     n_tensors = Signature.of(ops[0]).kinds.count(TENSOR)
@@ -1288,7 +1289,7 @@ def activation(name, math, allowed="f", ops=None):
         return pointwise(math, *args[:n_tensors], name=name, allowed=allowed, scalars=args[n_tensors:])
 
     fn.__name__ = fn.__qualname__ = name
-    lowering(*ops)(fn)
+    lowering(*ops, static=static)(fn)
     return fn
 
 
@@ -1479,9 +1480,9 @@ hardshrink = activation(
     "hardshrink", lambda x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(x), x))
 hardshrink_backward = activation(
     "hardshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)))  # NaN x: 0
-softshrink = activation(
+softshrink = activation(  # lambd static: torch requires 0 <= lambd <= the dtype's max (its meta kernel checks)
     "softshrink",
-    lambda x, lambd: jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)))
+    lambda x, lambd: jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)), static=("lambd",))
 softshrink_backward = activation(
     "softshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)))  # NaN x: 0
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +78,23 @@ def _is_mask(i):
     return i is not None and i.dtype in (jnp.bool_, jnp.uint8)
 
 
+_UINT8_INDEX = "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
+_PACKAGES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+             os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+
+def _warn_uint8_masks(indices) -> None:
+    """CPU's deprecation warning, once per uint8 index tensor of the call (as expandTensors
+    warns), attributed to the caller's line outside torch and torch_pjrt as a C++ warning is.
+    Here, not at trace time: index and index_put are jit=False, so this runs on every call."""
+    for i in indices:
+        if i is not None and i.dtype == jnp.uint8:
+            frame, level = sys._getframe(1), 2
+            while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+                frame, level = frame.f_back, level + 1
+            warnings.warn(_UINT8_INDEX, UserWarning, stacklevel=level)
+
+
 def expand_masks(self, indices):
     """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only)."""
     out = []
@@ -101,6 +121,7 @@ def _index_ints(self, indices):
 def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
+        _warn_uint8_masks(indices)
         indices = expand_masks(self, indices)
     return _index_ints(self, indices)
 
@@ -147,6 +168,11 @@ def index_put(self, indices, values, accumulate=False):
     indices = list(indices)
     masks = [d for d, i in enumerate(indices) if _is_mask(i)]
     if masks:
+        given = [i for i in indices if i is not None]
+        if not accumulate and len(given) == 1 and given[0].dtype == jnp.uint8 and jnp.size(values) == 1:
+            # CPU writes one value through one mask with masked_fill_, which refuses uint8 masks
+            raise TypeError("index_put_: a uint8 mask with a single value")
+        _warn_uint8_masks(indices)
         only = masks[0]
         if len(masks) == 1 and indices[only].ndim > 0 and all(i is None for i in indices[:only]) \
                 and all(i is None for i in indices[only + 1:]):
@@ -366,6 +392,8 @@ def masked_fill_tensor(self, mask, value):
 @lowering(aten.masked_scatter.default)
 def masked_scatter(self, mask, source):
     """The k-th True position of mask takes source's k-th element (k from a cumsum)."""
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"masked_scatter: a {np.dtype(mask.dtype).name} mask")  # CPU names the refusal
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     x, m = jnp.broadcast_to(self, shape), jnp.broadcast_to(mask, shape)
     rank = jnp.cumsum(m.reshape(-1), dtype=INT64) - 1
@@ -378,6 +406,8 @@ def masked_scatter(self, mask, source):
 
 @lowering(aten.masked_select.default, jit=False)
 def masked_select(self, mask):
+    if mask.dtype != jnp.bool_:
+        raise TypeError(f"masked_select: a {np.dtype(mask.dtype).name} mask")  # CPU names the refusal
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
 

@@ -538,9 +538,23 @@ def _expand(v, nd):
     return v * nd if len(v) == 1 else v
 
 
+def _check_conv_params(stride, padding, dilation, output_padding):
+    """CPU's ConvParams checks, which the meta kernel partly skips (negative padding): raising
+    lets CPU name the refusal; before lax, which divides by a zero stride with a warning."""
+    if any(p < 0 for p in padding):
+        raise ValueError("negative padding")
+    if any(p < 0 for p in output_padding):
+        raise ValueError("negative output_padding")
+    if any(s <= 0 for s in stride):
+        raise ValueError("non-positive stride")
+    if any(d <= 0 for d in dilation):
+        raise ValueError("non-positive dilation")
+
+
 @lowering(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     nd = weight.ndim - 2
+    _check_conv_params(stride, padding, dilation, output_padding)
     stride, padding, dilation, output_padding = (_expand(v, nd) for v in (stride, padding, dilation, output_padding))
     unbatched = input.ndim == nd + 1
     x = input[None] if unbatched else input
@@ -555,6 +569,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     nd = weight.ndim - 2
+    _check_conv_params(stride, padding, dilation, output_padding)
     stride, padding, dilation, output_padding = (_expand(v, nd) for v in (stride, padding, dilation, output_padding))
     unbatched = input.ndim == nd + 1
     x = input[None] if unbatched else input
@@ -755,8 +770,17 @@ def _adaptive_avg(x, output_size):
     return y.astype(x.dtype)
 
 
+def _check_adaptive_dtype(x):
+    """CPU's adaptive pooling kernels exist for floating dtypes only (float16, bfloat16, float32,
+    float64); for others it raises NotImplementedError, which the oracle then raises."""
+    if np.dtype(x.dtype) not in (np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32),
+                                 np.dtype(np.float64)):
+        raise TypeError(f"adaptive pooling has no kernel for {np.dtype(x.dtype).name}")
+
+
 @lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def _adaptive_avg_pool(self, output_size):
+    _check_adaptive_dtype(self)
     return _adaptive_avg(self, tuple(output_size))
 
 
@@ -837,6 +861,10 @@ def _adaptive_max(x, output_size):
 
 @lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def adaptive_max_pool(self, output_size):
+    _check_adaptive_dtype(self)
+    if 0 in output_size:  # no windows: an empty result, as CPU's
+        shape = self.shape[:self.ndim - len(output_size)] + tuple(output_size)
+        return jnp.zeros(shape, self.dtype), jnp.zeros(shape, I64)
     return _adaptive_max(self, tuple(output_size))
 
 

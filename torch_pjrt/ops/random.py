@@ -28,8 +28,24 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     return (z * std + mean).astype(self.dtype)
 
 
+def _check_uniform_range(self, from_, to):
+    """CPU's checks of uniform_'s (static) bounds, in its order: a floating dtype (complex:
+    its real parts), from and to finite in it, from <= to, to - from representable."""
+    real = np.dtype(self.dtype)
+    if real.kind == "c":
+        if self.size == 0:  # CPU returns before checking a complex tensor's bounds
+            return
+        real = np.finfo(real).dtype
+    if not jnp.issubdtype(real, jnp.floating):
+        raise TypeError(f"uniform_ has no kernel for {real.name}")  # CPU: NotImplementedError
+    lowest, largest = float(jnp.finfo(real).min), float(jnp.finfo(real).max)
+    if not (lowest <= from_ <= largest and lowest <= to <= largest) or from_ > to or to - from_ > largest:
+        raise ValueError(f"uniform_: bounds [{from_}, {to}) out of range for {real.name}")  # CPU says which
+
+
 @lowering(aten.uniform_.default)
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    _check_uniform_range(self, from_, to)
     u = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
     return (u * (to - from_) + from_).astype(self.dtype)
 

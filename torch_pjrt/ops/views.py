@@ -102,6 +102,15 @@ def as_strided(self, size, stride, storage_offset=None):
 
 @lowering(aten.as_strided_scatter.default)
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    """src written through as_strided(size, stride, storage_offset) of a copy of self. CPU
+    addresses self's storage; the lowering sees self's elements, which are its storage where
+    self is contiguous from offset 0 over all of it (the base tensors functionalization passes)."""
+    if all(n > 0 for n in size):  # CPU's setStorage bound (an empty view needs no storage)
+        needed = (storage_offset or 0) + sum((n - 1) * st for n, st in zip(size, stride)) + 1
+        if needed > self.size:
+            raise ValueError(f"as_strided_scatter: the view needs {needed} elements, self has {self.size}")
+    if any(st == 0 and n > 1 for n, st in zip(size, stride)):  # CPU's copy_ refuses an overlapping target
+        raise ValueError("as_strided_scatter: the view repeats elements")
     idx = strided_indices(size, stride, storage_offset or 0)
     flat = self.reshape(-1).at[idx.reshape(-1)].set(jnp.broadcast_to(src, idx.shape).astype(self.dtype).reshape(-1))
     return flat.reshape(self.shape)
