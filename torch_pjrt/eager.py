@@ -325,9 +325,14 @@ class OutKernel:
     def __call__(self, *args, **kwargs):
         outs = [kwargs[n] for n in self.out_names]
         errors.check_writes(self.op, args, kwargs, _flat_tensors(outs))  # out='s rules are the op's own
+        call = dict(kwargs)
         outs = [kwargs.pop(n) for n in self.out_names]
         result, _ = self.functional.compute(args, kwargs)
         results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result
+        if any(t.dtype != to_torch(v.dtype) for t, v in zip(_flat_tensors(outs), _flat_values(results))):
+            # (rare) an out tensor of another dtype than the result: some ops cast, others refuse
+            # (aminmax, sort, amax want the exact dtype) where their meta kernels accept: CPU decides
+            errors.raise_as_cpu(self.op, args, call)
         for target, value in zip(outs, results):
             if isinstance(target, (tuple, list)):
                 for t, v in zip(target, value):
@@ -337,6 +342,13 @@ class OutKernel:
         if not self.op._schema.returns:  # e.g. split_with_sizes_copy.out, whose Tensor[] out returns ()
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _flat_values(results) -> list:
+    out = []
+    for r in results:
+        out.extend(r if isinstance(r, (list, tuple)) else [r])
+    return [r for r in out if hasattr(r, "dtype")]
 
 
 def _flat_tensors(values) -> list:

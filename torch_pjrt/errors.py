@@ -182,9 +182,14 @@ def check_writes(op, args: tuple, kwargs: dict, written: list) -> None:
     twins = _Twins(lambda flat: torch.empty(flat.shape, dtype=flat.dtype, device="meta"), "meta")
     _, refusal = _run_meta(op, [twins(a) for a in args], {k: twins(v) for k, v in kwargs.items()})
     if refusal is not None or any(may_overlap(t, args, kwargs) for t in written):
-        expected = cpu_error(op, args, kwargs)
-        if expected is not None:
-            raise expected from None
+        raise_as_cpu(op, args, kwargs)
+
+
+def raise_as_cpu(op, args: tuple, kwargs: dict) -> None:
+    """Raise what CPU raises for this call, if it raises."""
+    expected = cpu_error(op, args, kwargs)
+    if expected is not None:
+        raise expected from None
 
 
 def may_overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> bool:

@@ -130,17 +130,30 @@ def test_raises_what_cpu_raises(name):
     assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
 
 
-@pytest.mark.xfail(strict=True, reason="aminmax.out's exact out dtype is checked by CPU's structured kernel but "
-                                       "not by the Python meta kernel check_writes runs; the functional lowering "
-                                       "never sees out= (see the report of this test's commit)")
-def test_aminmax_out_dtype():
-    call = lambda d: torch.aminmax(_weights((3, 4)).to(d), dim=0, out=(  # noqa: E731
-        torch.empty(4, device=d), torch.empty(4, dtype=torch.float64, device=d)))
+OUT_DTYPES = {  # out= of another dtype than the result: refused where CPU's kernel wants its exact dtype
+    "aminmax": lambda d: torch.aminmax(_weights((3, 4)).to(d), dim=0, out=(
+        torch.empty(4, device=d), torch.empty(4, dtype=torch.float64, device=d))),
+    "amax": lambda d: torch.amax(_weights((3, 4)).to(d), 0, out=torch.empty(4, dtype=torch.float64, device=d)),
+    "sort": lambda d: torch.sort(_weights((3, 4)).to(d), out=(
+        torch.empty(3, 4, dtype=torch.float64, device=d), torch.empty(3, 4, dtype=torch.long, device=d))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_DTYPES))
+def test_out_of_another_dtype_is_refused_as_on_cpu(name):
+    call = OUT_DTYPES[name]
     expected = _raised(call, "cpu")
     assert expected is not None
     actual = _raised(call, "pjrt")
     assert actual is not None and type(actual) is type(expected)
     assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
+
+
+def test_out_of_another_dtype_is_cast_where_cpu_casts():
+    x = _weights((3, 4))
+    out = torch.empty(3, 4, dtype=torch.float64, device="pjrt")
+    torch.add(x.to("pjrt"), 1, out=out)
+    torch.testing.assert_close(out.cpu(), (x + 1).double())
 
 
 def _as_tuple(x):
