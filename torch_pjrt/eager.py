@@ -261,7 +261,7 @@ class InplaceKernel:
 
     def __call__(self, *args, **kwargs):
         target = args[0] if args else kwargs["self"]
-        if not self.self_is_list and errors.may_overlap(target, args, kwargs):
+        if not self.self_is_list and errors.may_overlap(self.op, target, args, kwargs):
             errors.check_writes(self.op, args, kwargs, [target])  # CPU refuses writes through overlapping memory
         result, _ = self.functional.compute(args, kwargs)
         if self.self_is_list:
@@ -297,7 +297,7 @@ class MutatingKernel:
     def __call__(self, *args, **kwargs):
         values = self.kernel.sig.bind(args, kwargs)
         written = _flat_tensors(values[i] for i in self.written)
-        if any(errors.may_overlap(t, args, kwargs) for t in written):
+        if any(errors.may_overlap(self.op, t, args, kwargs) for t in written):
             errors.check_writes(self.op, args, kwargs, written)  # CPU refuses writes through overlapping memory
         result, device = self.kernel.compute(args, kwargs)
         results = [result] if self.single else list(result)
