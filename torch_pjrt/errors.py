@@ -13,6 +13,9 @@ Two mechanisms, neither on the per-call fast path:
   for that op and the call runs; if CPU accepts a call the lowering failed on, the lowering
   has a bug, and the error says so, naming the op, the arguments' devices, shapes and dtypes,
   with the lowering's exception as the cause.
+Writes (`check_writes`): out= calls, and in-place writes whose target may overlap an argument,
+ask the out/in-place overload's meta kernel and, for overlaps (which CPU kernels check
+themselves), CPU, before anything is written.
 """
 from __future__ import annotations
 
