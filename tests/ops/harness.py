@@ -89,3 +89,27 @@ def check(op, *args, atol=None, rtol=None, equal_nan=True, **kwargs):
         actual = run_lowering(op, *args, **kwargs)
     torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=equal_nan)
     return actual
+
+
+def raised(call, device: str):
+    """The exception call(device) raises, by the next host sync included (queued index
+    checks raise there); None if it raises none."""
+    try:
+        call(device)
+        if device == "pjrt":
+            torch.pjrt.synchronize()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def assert_raises_like_cpu(call, name: str = "") -> None:
+    """call("cpu") raises; call("pjrt") raises the same exception type with the same first line,
+    and never a JAX or numpy exception."""
+    expected = raised(call, "cpu")
+    assert expected is not None, f"{name}: CPU accepts this call; the test is wrong"
+    actual = raised(call, "pjrt")
+    assert actual is not None, f"{name}: pjrt raised nothing; CPU raises {type(expected).__name__}: {expected}"
+    assert type(actual).__module__.split(".")[0] not in ("jax", "jaxlib", "numpy"), repr(actual)
+    assert type(actual) is type(expected), f"{name}: pjrt {type(actual).__name__}: {actual}; CPU {expected!r}"
+    assert str(actual).splitlines()[0] == str(expected).splitlines()[0]

@@ -13,17 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.ops.harness import assert_raises_like_cpu
+
 aten = torch.ops.aten
-
-
-def _raised(fn, device):
-    try:
-        fn(device)
-        if device == "pjrt":
-            torch.pjrt.synchronize()  # queued errors (index checks) raise here
-    except Exception as e:  # noqa: BLE001
-        return e
-    return None
 
 
 def _weights(shape, seed=0):
@@ -121,13 +113,7 @@ for _kind in ("avg", "max"):
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_raises_what_cpu_raises(name):
-    call = CALLS[name]
-    expected = _raised(call, "cpu")
-    assert expected is not None, f"{name}: CPU accepts this call; the test is wrong"
-    actual = _raised(call, "pjrt")
-    assert actual is not None, f"{name}: pjrt raised nothing; CPU raises {type(expected).__name__}: {expected}"
-    assert type(actual) is type(expected), f"{name}: pjrt {type(actual).__name__}: {actual}; CPU {expected!r}"
-    assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
+    assert_raises_like_cpu(CALLS[name], name)
 
 
 OUT_DTYPES = {  # out= of another dtype than the result: refused where CPU's kernel wants its exact dtype
@@ -141,12 +127,7 @@ OUT_DTYPES = {  # out= of another dtype than the result: refused where CPU's ker
 
 @pytest.mark.parametrize("name", sorted(OUT_DTYPES))
 def test_out_of_another_dtype_is_refused_as_on_cpu(name):
-    call = OUT_DTYPES[name]
-    expected = _raised(call, "cpu")
-    assert expected is not None
-    actual = _raised(call, "pjrt")
-    assert actual is not None and type(actual) is type(expected)
-    assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
+    assert_raises_like_cpu(OUT_DTYPES[name], name)
 
 
 def test_out_of_another_dtype_is_cast_where_cpu_casts():
