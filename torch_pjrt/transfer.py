@@ -50,19 +50,19 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     if device.type == "pjrt":
         index = device.index if device.index is not None else torch.pjrt.current_device()
         perm = storage.layout_of(self, memory_format)  # torch keeps a dense layout (channels_last) by default
+        uploaded_in_layout = False
         if _is_pjrt(self):
             value = storage.read(self)
             if index != self.get_device():
                 value = jax.device_put(value, platform.device(index))
-        elif perm is not None:  # host -> pjrt in the layout's order: the upload is the storage
-            physical = storage.upload(self.cpu().permute(perm).contiguous(), index, non_blocking)
-            if physical.dtype != to_jax(dtype):
-                physical = _convert(physical, to_jax(dtype))
-            return storage.wrap(storage.Permuted(physical, perm), index)
-        else:  # host -> pjrt (the dispatcher routes by the target device too)
-            value = storage.upload(self.cpu(), index, non_blocking)
+        else:  # host -> pjrt (the dispatcher routes by the target device too), in the layout's order if any
+            host = self.cpu()
+            uploaded_in_layout = perm is not None
+            value = storage.upload(host.permute(perm).contiguous() if uploaded_in_layout else host, index, non_blocking)
         if value.dtype != to_jax(dtype):
             value = _convert(value, to_jax(dtype))
+        if uploaded_in_layout:  # the upload already is the storage's data
+            return storage.wrap(storage.Permuted(value, perm), index)
         return storage.wrap_laid_out(value, index, perm)
     host = storage.download(self)
     perm = storage.layout_of(self, memory_format)
