@@ -57,7 +57,6 @@ import zlib
 CHECKS = ("forward", "gradient", "out", "inplace", "noncontiguous", "errors")
 CHECK_TITLES = {"forward": "forward", "gradient": "gradient", "out": "out=", "inplace": "in-place",
                 "noncontiguous": "noncontiguous", "errors": "error inputs"}
-PER_DTYPE_CHECKS = CHECKS[:-1]  # "errors" runs once per error input, not per dtype
 RAN = ("pass", "fail", "error", "timeout", "crash")  # statuses that count in a pass rate
 FAMILIES = ("elementwise", "reductions", "indexing", "shape", "views", "nn", "linalg", "fft", "random",
             "foreach", "factories", "other")
@@ -240,20 +239,6 @@ def to_pjrt(x, requires_grad: bool = False):
     return _pjrt_devices(_map(move, x))
 
 
-def same_layout_on_pjrt(x):
-    """pjrt tensors with exactly the CPU tensors' sizes, strides, offset and storage contents."""
-    import torch
-
-    def rebuild(t):
-        t = t.detach()
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()
-        n = t.untyped_storage().nbytes() // t.element_size()
-        flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-        return flat.to("pjrt").as_strided(t.size(), t.stride(), t.storage_offset())
-    return _pjrt_devices(_map(rebuild, x))
-
-
 def _to_cpu(x):
     return _map(lambda t: t.detach().cpu(), x)
 
@@ -373,6 +358,37 @@ def compare_cpu_exact(a, b) -> None:
 # (samples compared, note); it raises Mismatch (fail) or anything else (error). Samples
 # CPU itself rejects are not compared; a case where CPU rejects every sample is skipped.
 # ----------------------------------------------------------------------------------------
+
+def same_layout_on_pjrt(x):
+    """pjrt tensors with exactly the CPU tensors' sizes, strides, offset and storage contents,
+    and their aliasing: tensors that share a CPU storage become views of one pjrt storage, and
+    the same tensor twice stays one tensor (error inputs test out= overlapping an input)."""
+    import torch
+
+    storages: dict = {}
+    tensors: dict = {}  # the same tensor twice (out= one of the inputs) stays one tensor
+
+    def rebuild(t):
+        if id(t) not in tensors:
+            tensors[id(t)] = (t, moved(t))
+        return tensors[id(t)][1]
+
+    def moved(t):
+        if t.device.type != "cpu":  # an error input about devices (a meta tensor): keep it
+            return t
+        t = t.detach()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        key = (t.untyped_storage()._cdata, t.dtype)  # (not data_ptr: empty storages all have 0)
+        n = t.untyped_storage().nbytes() // t.element_size()
+        if t.numel() and t.storage_offset() + sum((d - 1) * s for d, s in zip(t.shape, t.stride())) >= n:
+            return t.to("pjrt")  # a view past its storage's end (an earlier error input resized it)
+        if key not in storages:
+            flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+            storages[key] = flat.clone().to("pjrt")  # (a copy: the upload must not pin the CPU storage's size)
+        return storages[key].as_strided(t.size(), t.stride(), t.storage_offset())
+    return _pjrt_devices(_map(rebuild, x))
+
 
 class Skip(Exception):
     pass
@@ -715,36 +731,6 @@ def _error_type_name(t) -> str:
     return "/".join(x.__name__ for x in t) if isinstance(t, tuple) else t.__name__
 
 
-def aliased_on_pjrt(x):
-    """pjrt tensors with the CPU tensors' layouts and their aliasing: tensors that share a CPU
-    storage become views of one pjrt storage (error inputs test out= overlapping an input)."""
-    import torch
-
-    storages: dict = {}
-    tensors: dict = {}  # the same tensor twice (out= one of the inputs) stays one tensor
-
-    def rebuild(t):
-        if id(t) not in tensors:
-            tensors[id(t)] = (t, moved(t))
-        return tensors[id(t)][1]
-
-    def moved(t):
-        if t.device.type != "cpu":  # an error input about devices (a meta tensor): keep it
-            return t
-        t = t.detach()
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()
-        key = (t.untyped_storage()._cdata, t.dtype)  # (not data_ptr: empty storages all have 0)
-        n = t.untyped_storage().nbytes() // t.element_size()
-        if t.numel() and t.storage_offset() + sum((d - 1) * s for d, s in zip(t.shape, t.stride())) >= n:
-            return t.to("pjrt")  # a view past its storage's end (an earlier error input resized it)
-        if key not in storages:
-            flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-            storages[key] = flat.clone().to("pjrt")  # (a copy: the upload must not pin the CPU storage's size)
-        return storages[key].as_strided(t.size(), t.stride(), t.storage_offset())
-    return _pjrt_devices(_map(rebuild, x))
-
-
 def error_cases(op):
     """(number, check function) for each of the OpInfo's error inputs, generated lazily (as
     PyTorch's test_errors runs them: an input may reuse tensors an earlier call changed): each
@@ -756,7 +742,7 @@ def error_cases(op):
     for i, expected in enumerate(op.error_inputs("cpu")):
         def one(expected=expected):
             si = expected.sample_input
-            moved = aliased_on_pjrt(_triple(si))  # before the CPU call: out= arguments get written
+            moved = same_layout_on_pjrt(_triple(si))  # before the CPU call: out= arguments get written
             cpu_error = _raised(lambda: op(si.input, *si.args, **si.kwargs))
             if cpu_error is None or not isinstance(cpu_error, expected.error_type) or \
                     not re.search(expected.error_regex, str(cpu_error)):
@@ -900,13 +886,13 @@ def run_op(name, op, emit, *, checks=CHECKS, max_samples=0, timeout=120, skip_ke
 
 def run_error_cases(name, op, emit, *, timeout, skip_keys):
     """One case per error input of the OpInfo (one skip when it has none)."""
-    if op.error_inputs_func is None:
-        emit({"op": name, "dtype": "-", "check": "errors", "status": "skip", "reason": NO_ERROR_INPUTS,
-              "samples": 0, "fallback": [], "decomposed": [], "seconds": 0.0})
-        return
     def skip(reason):
         emit({"op": name, "dtype": "-", "check": "errors", "status": "skip", "reason": reason, "samples": 0,
               "fallback": [], "decomposed": [], "seconds": 0.0})
+
+    if op.error_inputs_func is None:
+        skip(NO_ERROR_INPUTS)
+        return
 
     cases = error_cases(op)
     ran = 0
