@@ -32,7 +32,7 @@ def worker(device: str, steps: int, bucket_cap_mb: float) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from torch_pjrt.demo_models import gpt_setup
+    from torch_pjrt.tools.demo_models import gpt_setup
 
     dist.init_process_group("pjrt" if device == "pjrt" else "gloo")
     data, model, _ = gpt_setup(device, seed=0, **MODEL)

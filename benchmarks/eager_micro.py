@@ -16,7 +16,7 @@ import jax  # noqa: E402
 import torch  # noqa: E402
 
 import torch_pjrt  # noqa: E402,F401
-from torch_pjrt import storage  # noqa: E402
+from torch_pjrt.runtime import storage  # noqa: E402
 
 
 def per_call_us(fn, n: int = 2000, reps: int = 5) -> float:

@@ -30,7 +30,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torch_pjrt  # noqa: E402,F401
-from torch_pjrt import kernels, storage  # noqa: E402
+from torch_pjrt import kernels  # noqa: E402
+from torch_pjrt.runtime import storage  # noqa: E402
 from torch_pjrt.kernels.attention import flash_attention_kernel  # noqa: E402
 from torch_pjrt.kernels.cross_entropy import softmax_cross_entropy_kernel  # noqa: E402
 from torch_pjrt.kernels.op import _reference_vjp  # noqa: E402

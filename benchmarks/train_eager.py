@@ -3,7 +3,7 @@
     python benchmarks/train_eager.py               # markdown table + where pjrt's time goes
     python benchmarks/train_eager.py --threads 1   # steadier CPU numbers on a shared machine
 
-Workloads (torch_pjrt.demo_models, the models the demo and the examples train):
+Workloads (torch_pjrt.tools.demo_models, the models the demo and the examples train):
   gpt: char GPT, 4 layers, d=128, context 64, batch 8, AdamW + clip_grad_norm_ (DESIGN.md's reference step)
   cnn: two conv + batch-norm + max-pool blocks and an MLP head on 1x16x16 images, batch 32, Adam
 Each number is the median step time over --steps steps after --warmup steps (the first
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import torch_pjrt  # noqa: E402
-from torch_pjrt import demo_models as dm  # noqa: E402
+from torch_pjrt.tools import demo_models as dm  # noqa: E402
 
 
 def gpt_workload(device):

@@ -9,7 +9,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from torch_pjrt.demo_models import CNN, shapes
+from torch_pjrt.tools.demo_models import CNN, shapes
 
 
 def main(argv=None):

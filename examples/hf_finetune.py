@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from torch_pjrt import demo_models as dm
+from torch_pjrt.tools import demo_models as dm
 
 
 def build(vocab_size: int, block_size: int, attn: str = "eager"):

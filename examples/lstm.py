@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-from torch_pjrt import demo_models as dm
+from torch_pjrt.tools import demo_models as dm
 
 
 def main(argv=None):

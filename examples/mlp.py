@@ -10,7 +10,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from torch_pjrt.demo_models import MLP, blobs
+from torch_pjrt.tools.demo_models import MLP, blobs
 
 
 def main(argv=None):

@@ -28,7 +28,7 @@ def test_autoload_off_then_explicit_import():
 
 
 def test_runtime_is_cached_between_processes():
-    from torch_pjrt import _runtime
+    from torch_pjrt.runtime import build as _runtime
 
     info = _runtime.build_info()
     assert info["built"] and os.path.isdir(info["cache_dir"])

@@ -364,7 +364,7 @@ def test_hf_gpt2_forward_backward_and_step_match_cpu():
 
 
 def test_char_gpt_whole_training_step_matches_cpu():
-    from torch_pjrt.demo_models import GPT, GPTConfig
+    from torch_pjrt.tools.demo_models import GPT, GPTConfig
 
     cfg = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
     torch.manual_seed(0)

@@ -143,7 +143,7 @@ def test_a_hanging_case_times_out():
 
 
 def test_fallback_and_decomposition_use_is_recorded(monkeypatch):
-    from torch_pjrt import fallback
+    from torch_pjrt.eager import fallback
 
     def uses_fallback():
         fallback._counts["aten.fake_op.default"] += 1

@@ -136,7 +136,7 @@ def test_registered_and_fallback_counters_exist():
 
 
 def test_synchronize_waits_for_work_whose_result_was_dropped():
-    from torch_pjrt import storage
+    from torch_pjrt.runtime import storage
 
     a = torch.randn(1500, 1500, device="pjrt")
     a @ a  # result dropped at once; its computation may still be running

@@ -75,15 +75,17 @@ def test_autoload_follows_torchs_rule(monkeypatch: pytest.MonkeyPatch, value: st
 
 
 def fake_runtime(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType | None) -> None:
-    monkeypatch.setitem(sys.modules, "torch_pjrt._runtime", module)
+    monkeypatch.setitem(sys.modules, "torch_pjrt.runtime.build", module)
+    import torch_pjrt.runtime
+
     if module is None:
-        monkeypatch.delattr(torch_pjrt, "_runtime", raising=False)
+        monkeypatch.delattr(torch_pjrt.runtime, "build", raising=False)
     else:
-        monkeypatch.setattr(torch_pjrt, "_runtime", module, raising=False)
+        monkeypatch.setattr(torch_pjrt.runtime, "build", module, raising=False)
 
 
 def test_runtime_build_info_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("torch_pjrt._runtime")
+    module = types.ModuleType("torch_pjrt.runtime.build")
     module.build_info = lambda: {"cache_dir": "/cache/x", "built": False,  # type: ignore[attr-defined]
                                  "compiler": "c++ 12", "torch_version": "2.13.0"}
     fake_runtime(monkeypatch, module)
@@ -93,7 +95,7 @@ def test_runtime_build_info_is_reported(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_missing_runtime_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_runtime(monkeypatch, types.ModuleType("torch_pjrt._runtime"))  # no build_info
+    fake_runtime(monkeypatch, types.ModuleType("torch_pjrt.runtime.build"))  # no build_info
     runtime = doctor.runtime_info()
     assert runtime["available"] is False and runtime["error"].startswith("AttributeError")
     fake_runtime(monkeypatch, None)  # the module itself is missing

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from torch_pjrt import bounds
+from torch_pjrt.runtime import index_checks as bounds
 
 
 def test_cpu_and_pjrt_tensors_do_not_mix():

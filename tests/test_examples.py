@@ -60,7 +60,7 @@ def test_char_gpt():
 
 def test_char_gpt_sample_is_device_independent():
     """generate() on pjrt and on CPU from the same weights gives the same text."""
-    from torch_pjrt import demo_models as dm
+    from torch_pjrt.tools import demo_models as dm
 
     data, model, _ = dm.gpt_setup("cpu", n_layer=1, n_embd=32, block_size=16)
     prompt = torch.tensor([data.encode(dm.load_text()[:16])])

@@ -202,7 +202,7 @@ def test_pinned_tensor_round_trip():
 
 # -- determinism ---------------------------------------------------------------------------
 def test_deterministic_algorithms_reproduce_a_training_run():
-    from torch_pjrt import demo_models as dm
+    from torch_pjrt.tools import demo_models as dm
 
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

@@ -95,7 +95,7 @@ def test_the_failed_call_changed_nothing():
 def test_a_lowering_bug_names_the_op_devices_and_dtypes():
     """Where CPU accepts a call that a lowering rejects, the error says so, names the op and
     the arguments, and keeps the lowering's exception as its cause (not a bare JAX error)."""
-    from torch_pjrt import errors
+    from torch_pjrt.eager import errors
 
     x = torch.randn(2, 3, device="pjrt")
     bug = TypeError("a lowering's own failure")

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt
-from torch_pjrt import demo_models as dm
+from torch_pjrt.tools import demo_models as dm
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -23,12 +23,12 @@ def _setup() -> None:
 
     if _ready:
         return
-    from . import _runtime, platform
+    from .runtime import build as _runtime, platform
 
     rt = _runtime.load()
     devices = platform.devices()
     if rt.device_count() == 0:  # once per process, even if a later step of a previous attempt failed
-        from . import storage
+        from .runtime import storage
 
         rt.init(len(devices), [platform.memory_capacity(i) for i in range(len(devices))], storage.synchronize)
     from . import dtypes
@@ -41,7 +41,8 @@ def _setup() -> None:
     device_module.default_generators = tuple(rt.default_generator(i) for i in range(len(devices)))
     torch._register_device_module("pjrt", device_module)
 
-    from . import eager, fallback, ops, transfer, view_kernels  # noqa: F401  (ops: registers the lowerings)
+    from . import ops  # noqa: F401  (registers the lowerings)
+    from .eager import fallback, kernels as eager, transfer, view_kernels
 
     eager.register(transfer.kernels() | view_kernels.kernels())
     transfer.keep_math_bits()
@@ -117,14 +118,14 @@ def _autoload() -> None:
 
 def fallback_ops() -> dict[str, int]:
     """{aten op: calls} that ran on the CPU because the op table lacks a pjrt lowering."""
-    from .fallback import fallback_ops as counts
+    from .eager.fallback import fallback_ops as counts
 
     return counts()
 
 
 def decomposed_ops() -> dict[str, int]:
     """{aten op: calls} that ran as torch's decomposition into table ops."""
-    from .fallback import decomposed_ops as counts
+    from .eager.fallback import decomposed_ops as counts
 
     return counts()
 
@@ -145,7 +146,7 @@ def export(model, example_args, example_kwargs=None, **kwargs) -> str:
 
 def registered_ops() -> list[str]:
     """Names of the aten overloads with a pjrt kernel."""
-    from .eager import registered_ops as names
+    from .eager.kernels import registered_ops as names
 
     return names()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .fallback import flat_arguments
+from .eager.fallback import flat_arguments
 
 aten = torch.ops.aten
 _KEY = "AutocastPrivateUse1"

@@ -91,7 +91,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from torch_pjrt import demo
+    from torch_pjrt.tools import demo
 
     return demo.run(steps=args.steps, batch_size=args.batch_size, size=args.size, cpu=not args.no_cpu,
                     sample_chars=args.sample_chars, cpu_steps=args.cpu_steps)

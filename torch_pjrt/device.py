@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import bounds, platform, storage
-from ._runtime import load as _load_runtime
+from .runtime import index_checks as bounds, platform, storage
+from .runtime.build import load as _load_runtime
 
 _rt = _load_runtime()
 _PJRT_DEVICE_TYPE = 20  # c10::DeviceType::PrivateUse1

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tests.distributed.common import case, check_equal, init, pjrt
-from torch_pjrt.demo_models import CharData, gpt_setup
+from torch_pjrt.tools.demo_models import CharData, gpt_setup
 
 STEPS, BATCH = 3, 8
 _MODEL = dict(n_layer=2, n_embd=32, n_head=2, block_size=16)

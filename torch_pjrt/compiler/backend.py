@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from jax.sharding import SingleDeviceSharding
 
-from .. import platform, storage
-from .._runtime import load as _load_runtime
+from ..runtime import platform, storage
+from ..runtime.build import load as _load_runtime
 from ..dtypes import to_jax
 from . import cache, dynamic, spmd, stats
 from .interpreter import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, find_lowering, signature

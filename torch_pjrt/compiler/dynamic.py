@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import torch
 
-from .. import storage
+from ..runtime import storage
 from . import stats
 from .padding import NotPaddable, PaddedProgram, Wild, dim_for_expr, expand_layout, host_eval, pad_fn, sym_expr, \
     unpad_fn

@@ -326,7 +326,7 @@ def _fetch_attr(gm, target: str):
 
 def _constant(t, device: int):
     """A graph constant (get_attr) as a JAX array on the graph's device."""
-    from .. import storage, platform
+    from ..runtime import storage, platform
 
     if isinstance(t, torch.Tensor):
         if t.device.type == "pjrt":

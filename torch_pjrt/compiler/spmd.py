@@ -33,7 +33,7 @@ import jax
 import torch
 import torch.distributed as dist
 
-from .. import storage
+from ..runtime import storage
 from ..distributed.work import CollectiveError
 from ..distributed.xla import GroupMesh, agreed, as_block, fingerprints
 from ..ops import collectives

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo
 
-from .. import platform, storage
-from . import runtime
+from ..runtime import platform, storage
+from ..runtime import multiprocess
 from .host import HostWork, copy_back, to_host
 from .work import CollectiveError, PjrtWork, dispatch
 from ..ops.collectives import REDUCE_OPS
@@ -159,7 +159,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         return GroupMesh([by_id[int(e[1])] for e in everyone], self.rank())
 
     def _xla_possible(self) -> bool:
-        return _path_setting() == "auto" and (runtime.is_active() or self.size() == 1)
+        return _path_setting() == "auto" and (multiprocess.is_active() or self.size() == 1)
 
     # ------------------------------------------------------------------ agreement checks
     def _fingerprint(self, op: str, tensor: torch.Tensor | None) -> tuple | None:

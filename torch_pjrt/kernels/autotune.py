@@ -46,7 +46,7 @@ def enabled(platform_name: str) -> bool:
 
 
 def cache_path() -> Path:
-    from .._runtime import cache_dir
+    from ..runtime.build import cache_dir
 
     return cache_dir() / "autotune.json"
 

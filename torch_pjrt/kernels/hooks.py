@@ -36,7 +36,7 @@ OPS = (aten._grouped_mm.default, aten._scaled_dot_product_fused_attention_overri
 
 def install() -> None:
     """Register the eager kernels of OPS and the SDPA backend choice (setup calls it once)."""
-    from ..eager import register_lowering
+    from ..eager.kernels import register_lowering
 
     for op in OPS:
         register_lowering(op)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .. import storage
+from ..runtime import storage
 from ..dtypes import to_jax, to_torch
 from ..ops.jitted import executable, prepare
 from ..ops.registry import Lowering
@@ -327,7 +327,7 @@ def _schema(fn: Callable, exclude: set) -> str:
 def _register_lowering(op, fn) -> None:
     """Join the op table (compiled graphs inline it) and get the eager PrivateUse1 kernel
     every table op gets."""
-    from ..eager import register_lowering
+    from ..eager.kernels import register_lowering
     from ..ops.registry import lowering
 
     lowering(op)(fn)
@@ -335,7 +335,7 @@ def _register_lowering(op, fn) -> None:
 
 
 def _pjrt_device():
-    from .. import platform
+    from ..runtime import platform
 
     return platform.device(torch.pjrt.current_device())
 

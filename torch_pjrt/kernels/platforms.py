@@ -29,7 +29,7 @@ def canonical(name: str) -> str:
 
 def pjrt_platform() -> str:
     """The platform behind the pjrt device (TORCH_PJRT_PLATFORM or JAX's default)."""
-    from .. import platform
+    from ..runtime import platform
 
     return canonical(platform.name())
 

@@ -17,7 +17,7 @@ import os
 import jax.numpy as jnp
 import torch
 
-from .. import _runtime
+from ..runtime import build as _runtime
 from ..ops.registry import lowering
 from . import platforms
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import torch
 
-from .. import storage
+from ..runtime import storage
 from . import platforms
 from .op import Kernel, _reference_vjp
 

@@ -172,7 +172,7 @@ def _reduce_op(name: str):
 
 def _on_host(collective, x, out_shape, *static):
     """Run `collective(cpu_tensor, *static) -> cpu_tensor` as an ordered callback producing `out_shape`."""
-    from .. import storage
+    from ..runtime import storage
 
     def run(value):
         result = collective(storage.from_numpy(np.asarray(value)), *static)

@@ -112,7 +112,7 @@ QUICK_WORKLOADS = ("mlp", "gpt")
 
 def builtin_workload(name: str, size: str) -> Workload:
     """One of WORKLOADS; raises `Unavailable` when its library is missing (hf)."""
-    from torch_pjrt import demo_models as dm
+    from torch_pjrt.tools import demo_models as dm
 
     s = SIZES[size][name]
     if name == "mlp":
@@ -320,7 +320,7 @@ def _sync(device: str) -> None:
 
 def pjrt_platform() -> str | None:
     try:
-        from torch_pjrt import platform
+        from torch_pjrt.runtime import platform
 
         return platform.devices()[0].platform
     except Exception:  # noqa: BLE001

@@ -117,9 +117,9 @@ def tool_info(name: str) -> dict[str, str | None]:
 
 
 def runtime_info() -> dict[str, Any]:
-    """The C++ runtime's build status, from torch_pjrt._runtime.build_info()."""
+    """The C++ runtime's build status, from torch_pjrt.runtime.build.build_info()."""
     try:
-        from torch_pjrt import _runtime
+        from torch_pjrt.runtime import build as _runtime
 
         info = dict(_runtime.build_info())
     except (ImportError, AttributeError) as error:

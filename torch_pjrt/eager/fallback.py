@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from . import storage
+from ..runtime import storage
 
 _counts: collections.Counter = collections.Counter()
 _decomposed: collections.Counter = collections.Counter()

@@ -19,8 +19,8 @@ CORPUS = "tales.txt"
 
 # -- text ------------------------------------------------------------------------------
 def load_text(name: str = CORPUS) -> str:
-    """A text file shipped in torch_pjrt/data (see torch_pjrt/data/README.md)."""
-    return resources.files("torch_pjrt").joinpath("data", name).read_text(encoding="utf-8")
+    """A text file shipped in torch_pjrt/tools/data (see torch_pjrt/tools/data/README.md)."""
+    return resources.files("torch_pjrt.tools").joinpath("data", name).read_text(encoding="utf-8")
 
 
 class CharData:

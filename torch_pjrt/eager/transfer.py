@@ -10,8 +10,8 @@ import functools
 import jax
 import torch
 
-from . import bounds, platform, storage
-from .dtypes import to_jax
+from ..runtime import index_checks as bounds, platform, storage
+from ..dtypes import to_jax
 
 aten = torch.ops.aten
 

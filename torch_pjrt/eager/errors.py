@@ -24,9 +24,9 @@ import warnings
 import numpy as np
 import torch
 
-from . import storage
-from .dtypes import to_torch
-from .ops.signature import SCALAR, Signature
+from ..runtime import storage
+from ..dtypes import to_torch
+from ..ops.signature import SCALAR, Signature
 
 # Failures that are about the device, not the call: re-running on the CPU would not say more.
 _DEVICE_ERRORS = (torch.OutOfMemoryError, MemoryError)

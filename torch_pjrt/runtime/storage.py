@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import bounds, platform
-from ._runtime import load as _load_runtime
-from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
+from . import index_checks as bounds, platform
+from .build import load as _load_runtime
+from ..dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
 
 _rt = _load_runtime()
 _rt.set_dtype_map(JAX_TO_TORCH)

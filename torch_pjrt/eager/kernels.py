@@ -19,12 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import bounds, errors, platform, storage
-from ._runtime import load as _load_runtime
-from .dtypes import TORCH_TO_JAX, to_jax, to_torch
-from .ops.jitted import call_lowering, executable, hashable, static_positions
-from .ops.registry import LOWERINGS, Lowering
-from .ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
+from ..runtime import index_checks as bounds, platform, storage
+
+from . import errors
+from ..runtime.build import load as _load_runtime
+from ..dtypes import TORCH_TO_JAX, to_jax, to_torch
+from ..ops.jitted import call_lowering, executable, hashable, static_positions
+from ..ops.registry import LOWERINGS, Lowering
+from ..ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
 
 aten = torch.ops.aten
 _rt = _load_runtime()

@@ -17,7 +17,7 @@ if os.environ.get("TORCH_PJRT_CPU_DEVICES"):
 if os.environ.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" and not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")  # don't start (and preallocate) an unused GPU
 
-from .distributed.runtime import initialize_from_environment  # noqa: E402
+from .multiprocess import initialize_from_environment  # noqa: E402
 
 initialize_from_environment()  # a torchrun worker joins JAX's multi-process runtime before its backends start
 

@@ -2,7 +2,7 @@
 
 The grammar and every word list below were written for torch-pjrt; the generated text
 is dedicated to the public domain (CC0 1.0). Deterministic: the same seed gives the same
-file. Run `python torch_pjrt/data/make_tales.py` to rebuild it.
+file. Run `python torch_pjrt/tools/data/make_tales.py` to rebuild it.
 """
 from __future__ import annotations
 
