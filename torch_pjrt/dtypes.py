@@ -1,6 +1,8 @@
 """The one mapping between torch dtypes and JAX dtypes."""
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -67,3 +69,10 @@ def to_jax(dtype: torch.dtype) -> np.dtype:
 
 def to_torch(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
+
+
+@functools.lru_cache(None)
+def is_index_dtype(dtype) -> bool:
+    """A JAX dtype of index tensors, not of masks (torch treats bool and uint8 ones as masks)."""
+    dtype = np.dtype(dtype)
+    return np.issubdtype(dtype, np.integer) and dtype != np.uint8

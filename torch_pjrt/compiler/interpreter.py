@@ -9,7 +9,7 @@ and runs every call_function node through the op table's lowering, binding argum
 puts it inside one `jax.jit`, so a graph is one XLA executable.
 
 A few nodes are graph plumbing rather than ops and are interpreted here: `getitem`,
-`copy_`/`copy` (the functionalization's write-back), the symbolic-size helpers
+`copy_` (the functionalization's write-back, run as the table's aten.copy), the symbolic-size helpers
 (`sym_size`, `operator.mul` on ints, ...), and `_foreach_*` overloads the table lacks
 (applied element by element through the table's lowering of the single-tensor op).
 """
@@ -25,6 +25,7 @@ from torch.fx.node import map_aggregate
 
 from ..dtypes import to_jax
 from ..ops.jitted import call_lowering
+from ..ops.shape import copy as copy_lowering
 from ..ops.registry import LOWERINGS, Lowering
 from ..ops.signature import SCALAR, Signature
 
@@ -140,9 +141,7 @@ class _ForeachCall:
         return out
 
 
-def _copy(dst, src):
-    """copy_/copy: src converted to dst's dtype and broadcast to its shape."""
-    return jnp.broadcast_to(jnp.asarray(src).astype(dst.dtype), dst.shape)
+_copy = copy_lowering  # the functionalization's write-back (copy_) is the table's aten.copy
 
 
 def _sym_size(x, dim=None):
@@ -151,7 +150,6 @@ def _sym_size(x, dim=None):
 
 _PLUMBING = {
     operator.getitem: lambda args, kw: args[0][args[1]],
-    aten.copy.default: lambda args, kw: _copy(args[0], args[1]),
     aten.sym_size.int: lambda args, kw: args[0].shape[args[1]],
     aten.sym_numel.default: lambda args, kw: int(args[0].size),
     aten.sym_storage_offset.default: lambda args, kw: 0,
@@ -285,8 +283,7 @@ def signature(inputs) -> tuple:
 def _shape_or_value(v):
     if v is None or isinstance(v, int):
         return v
-    geometry = getattr(v, "geometry", None)
-    return geometry[0] if geometry is not None else tuple(v.shape)
+    return tuple(v.shape)  # an array's, or a storage view's
 
 
 def _describe(a) -> str:

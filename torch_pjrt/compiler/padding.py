@@ -31,7 +31,7 @@ import torch
 from jax._src.lax import lax as _lax_internal
 from torch.fx.node import map_aggregate
 
-from .interpreter import _copy, _OpCall
+from .interpreter import _copy, _OpCall, find_lowering
 
 aten = torch.ops.aten
 
@@ -282,16 +282,24 @@ def _padded(layout, dims):
 # ------------------------------------------------------------------------------- rules
 # A rule: (run, node, args, kwargs, layouts) -> (value, layout). `run(args, kwargs)` calls the
 # node's lowering on (converted) arguments; `layouts` mirrors args/kwargs (None for non-tensors).
+# Rules are found by name: an op's entry in the table names its rule (registry.Padding).
 RULES: dict = {}
 
 
-def rule(*ops):
+def rule(name):
     def register(fn):
-        for op in ops:
-            RULES[op] = fn
+        RULES[name] = fn
         return fn
 
     return register
+
+
+def rule_for(node):
+    """The padding rule the node's op table entry names; NotPaddable, with the entry's reason, if none."""
+    lowering = find_lowering(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+    if lowering is None or lowering.padding is None:
+        raise NotPaddable(lowering.not_paddable if lowering is not None else "no padding rule for this op")
+    return RULES[lowering.padding.rule]
 
 
 def _out_exprs(node):
@@ -299,19 +307,19 @@ def _out_exprs(node):
     return [sym_expr(s) for s in val.shape]
 
 
+@rule("same")
 def _same(run, node, args, kwargs, lay):
     return run(args, kwargs), lay[0][0]
 
 
-for _op in (aten.clone.default, aten.detach.default, aten.alias.default, aten._to_copy.default, aten.lift_fresh_copy.default,
-            aten.contiguous.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-            aten.full_like.default, aten.fill.Scalar, aten.fill.Tensor, aten.bitwise_not.default, aten.logical_not.default):
-    RULES[_op] = _same
 
 
+@rule("pointwise")
 def pointwise(run, node, args, kwargs, lay):
     out = run(args, kwargs)
     tensors = [l for l in _flat_layouts(lay) if l is not None]
+    if isinstance(out, (tuple, list)):  # several elementwise outputs (log_sigmoid_forward)
+        return out, [broadcast_layouts(tensors, o.ndim) for o in out]
     return out, broadcast_layouts(tensors, out.ndim)
 
 
@@ -321,7 +329,7 @@ def _flat_layouts(lay):
     return [l for l in flat if isinstance(l, tuple)]
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+@rule("view")
 def view(run, node, args, kwargs, lay):
     x = args[0]
     out = run(args, kwargs)
@@ -353,14 +361,14 @@ def view(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
-@rule(aten.permute.default)
+@rule("permute")
 def permute(run, node, args, kwargs, lay):
     x = args[0]
     perm = [p % x.ndim for p in args[1]]
     return run(args, kwargs), tuple(lay[0][0][p] for p in perm)
 
 
-@rule(aten.transpose.int)
+@rule("transpose")
 def transpose(run, node, args, kwargs, lay):
     x = args[0]
     layout = list(lay[0][0])
@@ -370,12 +378,12 @@ def transpose(run, node, args, kwargs, lay):
     return run(args, kwargs), tuple(layout)
 
 
-@rule(aten.t.default)
+@rule("t")
 def t(run, node, args, kwargs, lay):
     return run(args, kwargs), tuple(reversed(lay[0][0]))
 
 
-@rule(aten.unsqueeze.default)
+@rule("unsqueeze")
 def unsqueeze(run, node, args, kwargs, lay):
     out = run(args, kwargs)
     layout = list(lay[0][0])
@@ -383,7 +391,7 @@ def unsqueeze(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
-@rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+@rule("squeeze")
 def squeeze(run, node, args, kwargs, lay):
     x = args[0]
     out = run(args, kwargs)
@@ -392,7 +400,7 @@ def squeeze(run, node, args, kwargs, lay):
     return out, tuple(lay[0][0][d] for d in keep)
 
 
-@rule(aten.expand.default)
+@rule("expand")
 def expand(run, node, args, kwargs, lay):
     x = args[0]
     out = run(args, kwargs)
@@ -408,7 +416,7 @@ def expand(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
-@rule(aten.slice.Tensor)
+@rule("slice")
 def slice_(run, node, args, kwargs, lay):
     x = args[0]
     values = list(args) + [None] * (5 - len(args))
@@ -436,7 +444,7 @@ def slice_(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
-@rule(aten.select.int)
+@rule("select")
 def select(run, node, args, kwargs, lay):
     x, dim, index = args[0], args[1] % args[0].ndim, args[2]
     d = lay[0][0][dim]
@@ -447,7 +455,7 @@ def select(run, node, args, kwargs, lay):
     return run(args, kwargs), tuple(layout)
 
 
-@rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+@rule("split")
 def split(run, node, args, kwargs, lay):
     x = args[0]
     dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) if node.target is not aten.unbind.int else \
@@ -462,7 +470,7 @@ def split(run, node, args, kwargs, lay):
     return outs, [tuple(layout)] * len(outs)
 
 
-@rule(aten.cat.default)
+@rule("cat")
 def cat(run, node, args, kwargs, lay):
     tensors = args[0]
     out = run(args, kwargs)
@@ -476,7 +484,7 @@ def cat(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
-@rule(aten.stack.default)
+@rule("stack")
 def stack(run, node, args, kwargs, lay):
     out = run(args, kwargs)
     dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % out.ndim
@@ -485,19 +493,16 @@ def stack(run, node, args, kwargs, lay):
     return out, tuple(layout)
 
 
+@rule("factory")
 def factory(run, node, args, kwargs, lay):
     out = run(args, kwargs)
     ctx = _CTX[0]
     return out, tuple(dim_for_expr(e, ctx.registry) for e in _out_exprs(node))
 
 
-for _op in (aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format, aten.scalar_tensor.default,
-            aten.empty_strided.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
-            aten.new_empty.default):
-    RULES[_op] = factory
 
 
-@rule(aten.arange.default, aten.arange.start, aten.arange.start_step)
+@rule("arange")
 def arange(run, node, args, kwargs, lay):
     if node.target is not aten.arange.default and isinstance(args[0], Size):
         raise NotPaddable("arange with a symbolic start")
@@ -507,7 +512,7 @@ def arange(run, node, args, kwargs, lay):
     return factory(run, node, args, kwargs, lay)
 
 
-@rule(aten.tril.default, aten.triu.default)
+@rule("tril")
 def tril(run, node, args, kwargs, lay):
     layout = lay[0][0]
     for d in layout[-2:]:
@@ -517,19 +522,6 @@ def tril(run, node, args, kwargs, lay):
 
 
 # ---- reductions
-_REDUCE = {  # op -> (identity kind, position of dim arg, position of keepdim arg)
-    aten.sum.dim_IntList: ("zero", 1, 2), aten.sum.default: ("zero", None, None),
-    aten.amax.default: ("low", 1, 2), aten.amin.default: ("high", 1, 2),
-    aten.max.dim: ("low", 1, 2), aten.min.dim: ("high", 1, 2),
-    aten.argmax.default: ("low", 1, 2), aten.argmin.default: ("high", 1, 2),
-    aten.prod.dim_int: ("one", 1, 2), aten.prod.default: ("one", None, None),
-    aten.any.dim: ("zero", 1, 2), aten.any.dims: ("zero", 1, 2), aten.any.default: ("zero", None, None),
-    aten.all.dim: ("one", 1, 2), aten.all.dims: ("one", 1, 2), aten.all.default: ("one", None, None),
-    aten.logsumexp.default: ("low", 1, 2),
-    aten.max.default: ("low", None, None), aten.min.default: ("high", None, None),
-}
-
-
 def _reduce_dims(node, args, kwargs, pos, x):
     if pos is None:
         return list(range(x.ndim)), False
@@ -551,8 +543,14 @@ def _reduced_layout(layout, dims, keepdim):
     return tuple(d for k, d in enumerate(layout) if k not in dims)
 
 
+@rule("reduction")
 def reduction(run, node, args, kwargs, lay):
-    kind, dpos, kpos = _REDUCE[node.target]
+    """Over the schema's `dim` (every dim without one), padded elements first set to the
+    entry's identity (registry.reduction)."""
+    kind = find_lowering(node.target).padding.identity
+    names = [a.name for a in node.target._schema.arguments]
+    dpos = names.index("dim") if "dim" in names else None
+    kpos = names.index("keepdim") if "keepdim" in names else None
     x, layout = args[0], lay[0][0]
     dims, all_dims = _reduce_dims(node, args, kwargs, dpos, x)
     padded = _padded(layout, dims)
@@ -568,11 +566,7 @@ def reduction(run, node, args, kwargs, lay):
     return out, new
 
 
-for _op in _REDUCE:
-    RULES[_op] = reduction
-
-
-@rule(aten.mean.dim, aten.mean.default)
+@rule("mean")
 def mean(run, node, args, kwargs, lay):
     x, layout = args[0], lay[0][0]
     dpos = 1 if node.target is aten.mean.dim else None
@@ -592,12 +586,11 @@ def mean(run, node, args, kwargs, lay):
 
 @functools.lru_cache(1)
 def _SUM():
-    from .interpreter import find_lowering
 
     return _OpCall(aten.sum.dim_IntList, find_lowering(aten.sum.dim_IntList))
 
 
-@rule(aten.var.correction, aten.std.correction, aten.var_mean.correction)
+@rule("var")
 def var(run, node, args, kwargs, lay):
     x, layout = args[0], lay[0][0]
     dims, _ = _reduce_dims(node, args, kwargs, 1, x)
@@ -625,7 +618,7 @@ def var(run, node, args, kwargs, lay):
     return v, new
 
 
-@rule(aten.cumsum.default, aten.cumprod.default)
+@rule("cumulative")
 def cumulative(run, node, args, kwargs, lay):
     x, layout = args[0], lay[0][0]
     dim = args[1] % x.ndim
@@ -635,7 +628,7 @@ def cumulative(run, node, args, kwargs, lay):
     return run(args, kwargs), layout
 
 
-@rule(aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default)
+@rule("softmax")
 def softmax(run, node, args, kwargs, lay):
     x, layout = args[0], lay[0][0]
     dim = args[1] % x.ndim
@@ -644,7 +637,7 @@ def softmax(run, node, args, kwargs, lay):
     return run(args, kwargs), layout
 
 
-@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+@rule("softmax_backward")
 def softmax_backward(run, node, args, kwargs, lay):
     grad, out = args[0], args[1]
     layout = broadcast_layouts([lay[0][0], lay[0][1]], grad.ndim)
@@ -672,7 +665,7 @@ def _contract(ctx, a, la, ka, b, lb, kb):
     return jnp.where(ma.reshape(sa), a, jnp.zeros((), a.dtype)), jnp.where(ma.reshape(sb), b, jnp.zeros((), b.dtype))
 
 
-@rule(aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.dot.default, aten.mv.default)
+@rule("contraction")
 def contraction(run, node, args, kwargs, lay):
     ctx = _CTX[0]
     op = node.target
@@ -699,14 +692,14 @@ def contraction(run, node, args, kwargs, lay):
 
 
 # ---- nn
-@rule(aten.embedding.default)
+@rule("embedding")
 def embedding(run, node, args, kwargs, lay):
     if any(d is not None for d in lay[0][0]):
         raise NotPaddable("embedding table with a padded dim")
     return run(args, kwargs), tuple(lay[0][1]) + (None,)
 
 
-@rule(aten.embedding_dense_backward.default)
+@rule("embedding_backward")
 def embedding_backward(run, node, args, kwargs, lay):
     grad, indices = args[0], args[1]
     li = lay[0][1]
@@ -719,7 +712,7 @@ def embedding_backward(run, node, args, kwargs, lay):
     return run(args, kwargs), (None, None)
 
 
-@rule(aten.native_layer_norm.default)
+@rule("layer_norm")
 def layer_norm(run, node, args, kwargs, lay):
     x, layout = args[0], lay[0][0]
     k = len(args[1])
@@ -729,7 +722,7 @@ def layer_norm(run, node, args, kwargs, lay):
     return run(args, kwargs), [layout, stats, stats]
 
 
-@rule(aten.native_layer_norm_backward.default)
+@rule("layer_norm_backward")
 def layer_norm_backward(run, node, args, kwargs, lay):
     grad, x = args[0], args[1]
     k = len(args[2])
@@ -760,7 +753,7 @@ def _target_masked(args, lay, pos_target, pos_ignore, kwargs, name="ignore_index
     return args
 
 
-@rule(aten.nll_loss_forward.default)
+@rule("nll_loss_forward")
 def nll_loss_forward(run, node, args, kwargs, lay):
     args = _target_masked(args, lay, 1, 4, kwargs)  # padded rows: ignore_index (out of sum and count)
     out = run(args, kwargs)
@@ -768,13 +761,13 @@ def nll_loss_forward(run, node, args, kwargs, lay):
     return out, [tuple(lay[0][1]) if reduction == 0 else (), ()]
 
 
-@rule(aten.nll_loss_backward.default)
+@rule("nll_loss_backward")
 def nll_loss_backward(run, node, args, kwargs, lay):
     args = _target_masked(args, lay, 2, 5, kwargs)
     return run(args, kwargs), lay[0][1]
 
 
-@rule(aten.mse_loss.default)
+@rule("mse_loss")
 def mse_loss(run, node, args, kwargs, lay):
     x, y = args[0], args[1]
     reduction = args[2] if len(args) > 2 else kwargs.get("reduction", 1)
@@ -791,7 +784,7 @@ def mse_loss(run, node, args, kwargs, lay):
     return total.astype(x.dtype), ()
 
 
-@rule(aten.mse_loss_backward.default)
+@rule("mse_loss_backward")
 def mse_loss_backward(run, node, args, kwargs, lay):
     grad, x, y, reduction = args[0], args[1], args[2], args[3]
     layout = broadcast_layouts([lay[0][1], lay[0][2]], max(x.ndim, y.ndim))
@@ -803,7 +796,7 @@ def mse_loss_backward(run, node, args, kwargs, lay):
     return (jnp.subtract(x, y) * scale * grad).astype(x.dtype), layout
 
 
-@rule(aten.convolution.default)
+@rule("convolution")
 def convolution(run, node, args, kwargs, lay):
     lx = lay[0][0]
     if any(d is not None for d in lx[1:]) or any(d is not None for d in lay[0][1]):
@@ -812,7 +805,7 @@ def convolution(run, node, args, kwargs, lay):
     return out, (lx[0],) + (None,) * (out.ndim - 1)
 
 
-@rule(aten.convolution_backward.default)
+@rule("convolution_backward")
 def convolution_backward(run, node, args, kwargs, lay):
     lg, lx = lay[0][0], lay[0][1]
     if any(d is not None for d in list(lg[1:]) + list(lx[1:])):
@@ -827,6 +820,7 @@ def convolution_backward(run, node, args, kwargs, lay):
     return outs, [lx, tuple(None for _ in range(args[2].ndim)), (None,)]
 
 
+@rule("batch_only")
 def batch_only(run, node, args, kwargs, lay):
     """Ops independent per sample of dim 0 (pooling): fine while only dim 0 is padded."""
     tensors = _flat_layouts(lay)
@@ -839,11 +833,6 @@ def batch_only(run, node, args, kwargs, lay):
     return outs, (batch,) + (None,) * (outs.ndim - 1)
 
 
-for _name in ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward",
-              "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_native_batch_norm_legit_no_training"):
-    _packet = getattr(aten, _name, None)
-    if _packet is not None:
-        RULES[_packet.default] = batch_only
 
 _CTX: list = [None]  # the Context of the trace in progress (traces run one at a time per graph lock)
 
@@ -945,12 +934,7 @@ class PaddedProgram:
         if not padded_inputs and not has_size and not symbolic_out:
             out = run(args, kwargs)
             return out, _static_layout(out)
-        fn = RULES.get(node.target)
-        if fn is None and isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags:
-            fn = pointwise
-        if fn is None:
-            raise NotPaddable("no padding rule for this op")
-        return fn(run, node, args, kwargs, layouts)
+        return rule_for(node)(run, node, args, kwargs, layouts)
 
     def _check(self, node, value, ctx):
         """Safety net: every array has the shape the graph's sizes give at the bucket sizes."""

@@ -87,8 +87,7 @@ def _as_meta(name, kind, v):
         return torch.device("meta")
     geometry = getattr(v, "geometry", None)
     if geometry is not None:  # a storage view: the meta tensor gets its sizes and strides
-        size, stride, _, dtype = geometry[:4]
-        return torch.empty_strided(tuple(size), tuple(stride), dtype=to_torch(dtype), device="meta")
+        return torch.empty_strided(geometry.size, geometry.stride, dtype=to_torch(geometry.dtype), device="meta")
     shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
     if shape is None or dtype is None:
         return v  # a static Python value: the meta kernel sees what the lowering sees

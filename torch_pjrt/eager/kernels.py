@@ -108,8 +108,8 @@ class Kernel:
         self.device_arg = sig.names.index("device") if "device" in sig.names else None
         self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
         self.random = lowering.random or self.generator_arg is not None
-        self.index_probes = bounds.CHECKS.get(lowering.op)
-        self.host_indices = lowering.op in bounds.HOST_INDICES
+        self.index_probes = lowering.index_probes
+        self.host_indices = lowering.host_indices
 
     def compute(self, args: tuple, kwargs: dict):
         """(raw JAX result, device index) for a dispatcher call."""
@@ -402,10 +402,6 @@ def _variants(op):
     return inplace, outs
 
 
-# Lowerings that serve compiled graphs but must not become eager kernels: deriving copy_
-# from copy would replace torch's copy_, which routes cross-device copies to _copy_from.
-_NOT_EAGER = {aten.copy.default}
-
 _REGISTERED: dict = {}
 _LIBRARIES: dict = {}  # namespace -> the torch.library IMPL library holding its Python kernels
 # TORCH_PJRT_EAGER_FAST_PATH=0 registers only the Python kernels (to compare, or to debug).
@@ -413,10 +409,16 @@ FAST_PATH_DISABLED = os.environ.get("TORCH_PJRT_EAGER_FAST_PATH", "1") == "0"
 
 
 def register(special: dict) -> None:
-    """Register table kernels, derived variants and `special` (overload -> kernel) on PrivateUse1."""
+    """Register table kernels, derived variants and `special` (overload -> kernel: the
+    kernels that are not lowerings) on PrivateUse1. A special kernel replaces a lowering's
+    functional kernel only where the entry says so (its `eager` trait); an entry that says
+    so without a special kernel gets none (aten.copy: torch's copy_ serves eager)."""
+    unannounced = sorted(str(op) for op in special if op in LOWERINGS and not LOWERINGS[op].eager)
+    if unannounced:
+        raise RuntimeError(f"eager kernels replace lowerings whose entries do not say so (eager=...): {unannounced}")
     kernels: dict = {}
     for op, lowering in LOWERINGS.items():
-        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written or op in _NOT_EAGER:
+        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written or (lowering.eager and op not in special):
             continue  # views stay views (C++ metadata kernels); composites keep their autograd
         functional = Kernel(lowering)
         kernels[op] = functional

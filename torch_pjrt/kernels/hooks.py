@@ -14,7 +14,7 @@ from . import platforms, sdpa
 aten = torch.ops.aten
 
 
-@lowering(aten._grouped_mm.default)
+@lowering(aten._grouped_mm.default, not_paddable="grouped matmul: no padding rule yet")
 def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
     if bias is not None:
         raise NotImplementedError("pjrt _grouped_mm: bias is not supported (torch's own kernels reject it too)")

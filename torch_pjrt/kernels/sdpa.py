@@ -76,7 +76,8 @@ def _flash():
     return flash_attention_kernel
 
 
-@lowering(aten._scaled_dot_product_fused_attention_overrideable.default)
+@lowering(aten._scaled_dot_product_fused_attention_overrideable.default,
+          not_paddable="no padding rule yet: attention over padded keys would need their mask")
 def _scaled_dot_product_fused_attention_overrideable(query, key, value, attn_bias=None, dropout_p=0.0,
                                                      is_causal=False, return_debug_mask=False, *, scale=None):
     if attn_bias is not None or dropout_p != 0.0:
@@ -88,7 +89,8 @@ def _scaled_dot_product_fused_attention_overrideable(query, key, value, attn_bia
     return out, lse.astype(jnp.float32), None, None, query.shape[-2], key.shape[-2], seed, seed, None
 
 
-@lowering(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+@lowering(aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+          not_paddable="no padding rule yet: attention over padded keys would need their mask")
 def _scaled_dot_product_fused_attention_overrideable_backward(
         grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
         dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):

@@ -34,7 +34,9 @@ import torch
 import torch.distributed as dist
 from jax.experimental import io_callback
 
-from .registry import lowering
+from .registry import family
+
+lowering = family(not_paddable="a collective exchanges whole tensors between ranks at their exact shapes")
 
 c10d = torch.ops._c10d_functional
 AXIS = "g"

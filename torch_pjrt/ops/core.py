@@ -6,17 +6,17 @@ import numpy as np
 import torch
 
 from ..dtypes import to_jax
-from .registry import lowering
+from .registry import lowering, Padding, SAME
 
 aten = torch.ops.aten
 
 
-@lowering(aten.fill.Scalar, aten.fill.Tensor)
+@lowering(aten.fill.Scalar, aten.fill.Tensor, padding=SAME)
 def fill(self, value):
     return jnp.full(self.shape, value, self.dtype)
 
 
-@lowering(aten.zero.default)
+@lowering(aten.zero.default, padding=SAME)
 def zero(self):
     return jnp.zeros(self.shape, self.dtype)
 
@@ -29,7 +29,7 @@ def _arange_dtype(start, end, step, dtype):
     return to_jax(torch.get_default_dtype())
 
 
-@lowering(aten.arange.start_step, static=("start", "end", "step"))
+@lowering(aten.arange.start_step, static=("start", "end", "step"), padding=Padding("arange"))
 def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     """Lengths and values follow torch: computed in float64 (or int64), then cast."""
     out = _arange_dtype(start, end, step, dtype)

@@ -30,7 +30,9 @@ from jax import lax
 
 from ..dtypes import to_torch
 from .promotion import KIND, cast, promote
-from .registry import lowering
+from .registry import family, POINTWISE, SAME
+
+lowering = family(padding=POINTWISE)
 from .signature import TENSOR, Signature
 
 aten = torch.ops.aten
@@ -573,7 +575,7 @@ def logical_xor(self, other):
     return _truth(self) ^ _truth(other)
 
 
-@lowering(aten.logical_not.default)
+@lowering(aten.logical_not.default, padding=SAME)
 def logical_not(self):
     return ~_truth(self)
 
@@ -1438,7 +1440,8 @@ def _prelu_kernel(self, weight):
     return pointwise(lambda x, w: jnp.where(x > 0, x, w * x), self, weight, name="_prelu_kernel", allowed="f")
 
 
-@lowering(aten._prelu_kernel_backward.default)
+@lowering(aten._prelu_kernel_backward.default, padding=None,
+          not_paddable="no padding rule yet: the weight's gradient sums over the elements")
 def _prelu_kernel_backward(grad_output, self, weight):
     def math(g, x, w):
         return jnp.where(x > 0, g, w * g), jnp.where(x > 0, _zero(x), x * g)
@@ -1459,13 +1462,14 @@ def _halves(name, self, dim):
     return dim, jnp.split(self, 2, axis=dim)
 
 
-@lowering(aten.glu.default)
+@lowering(aten.glu.default, padding=None, not_paddable="it halves `dim`: a padded dim would split at the bucket's middle")
 def glu(self, dim=-1):
     _, (a, b) = _halves("glu", self, dim)
     return pointwise(lambda a, b: a * _sigmoid(b), a, b, name="glu", allowed="f")
 
 
-@lowering(aten.glu_backward.default)
+@lowering(aten.glu_backward.default, padding=None,
+          not_paddable="it halves `dim`: a padded dim would split at the bucket's middle")
 def glu_backward(grad_output, self, dim):
     dim, (a, b) = _halves("glu", self, dim)
 

@@ -15,7 +15,9 @@ import math
 import jax.numpy as jnp
 import torch
 
-from .registry import lowering
+from .registry import family
+
+lowering = family(not_paddable="a transform mixes every element along its dims: padding would change it")
 
 aten = torch.ops.aten
 

@@ -20,7 +20,9 @@ import torch
 from ..dtypes import to_jax, to_torch
 from . import elementwise as ew
 from .promotion import cast, promote
-from .registry import LOWERINGS, lowering
+from .registry import LOWERINGS, family
+
+lowering = family(not_paddable="tensor lists of a fused optimizer step hold parameters, whose shapes are never symbolic")
 
 aten = torch.ops.aten
 

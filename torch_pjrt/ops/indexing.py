@@ -25,7 +25,10 @@ import torch
 
 from .promotion import cast, promote
 from .reductions import vector_norm
-from .registry import lowering
+from . import index_probes as probes
+from .registry import family, Padding
+
+lowering = family(not_paddable="no padding rule yet: its indices address positions of a possibly padded dim")
 from .views import wrap_dim
 
 aten = torch.ops.aten
@@ -117,7 +120,8 @@ def _index_ints(self, indices):
     return self[_index_key(self.shape, indices)]
 
 
-@lowering(aten.index.Tensor, aten._unsafe_index.Tensor, jit=False)
+@lowering(aten.index.Tensor, jit=False, index_probes=probes.advanced, host_indices=True)
+@lowering(aten._unsafe_index.Tensor, jit=False)
 def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
@@ -163,7 +167,8 @@ def _index_put_mask(self, mask, where, values, accumulate):
     return jnp.where(m, full, self)
 
 
-@lowering(aten.index_put.default, aten._unsafe_index_put.default, jit=False)
+@lowering(aten.index_put.default, jit=False, index_probes=probes.advanced, host_indices=True)
+@lowering(aten._unsafe_index_put.default, jit=False)
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices)
     masks = [d for d, i in enumerate(indices) if _is_mask(i)]
@@ -205,7 +210,7 @@ def _trim_to(x, shape, skip):
     return x[key]
 
 
-@lowering(aten.gather.default)
+@lowering(aten.gather.default, index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def gather(self, dim, index, *, sparse_grad=False):
     dim = wrap_dim(dim, self.ndim)
     if index.size == 0:
@@ -243,19 +248,20 @@ def _scatter(self, dim, index, src, reduce=None):
     return out.reshape(self.shape)
 
 
-@lowering(aten.scatter.src, aten.scatter.value)
+@lowering(aten.scatter.src, aten.scatter.value, index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter(self, dim, index, src):
     src = src if jnp.ndim(src) else cast(src, self.dtype)
     return _scatter(self, dim, index, src)
 
 
-@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce,
+          index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     src = src if jnp.ndim(src) else cast(src, self.dtype)
     return _scatter(self, dim, index, src, reduce)
 
 
-@lowering(aten.scatter_add.default)
+@lowering(aten.scatter_add.default, index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter_add(self, dim, index, src):
     return _scatter(self, dim, index, src, "add")
 
@@ -268,7 +274,7 @@ def _identity(op, dtype):
     return 1 if op == "prod" else 0
 
 
-@lowering(aten.scatter_reduce.two)
+@lowering(aten.scatter_reduce.two, index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
@@ -316,7 +322,7 @@ def _dim_index(self, dim, index):
     return dim, wrap_index(index.reshape(-1), n)
 
 
-@lowering(aten.index_select.default)
+@lowering(aten.index_select.default, index_probes=probes.along_dim(IndexError, probes.IN_SELF))
 def index_select(self, dim, index):
     dim, idx = _dim_index(self, dim, index)
     if self.ndim == 0:  # a 0-d self gives a 0-d result
@@ -324,7 +330,7 @@ def index_select(self, dim, index):
     return jnp.take(self, idx, axis=dim, mode="clip")
 
 
-@lowering(aten.index_add.default)
+@lowering(aten.index_add.default, index_probes=probes.along_dim(IndexError, probes.IN_SELF))
 def index_add(self, dim, index, source, *, alpha=1):
     dim, idx = _dim_index(self, dim, index)
     compute, _ = promote(source, alpha)
@@ -339,7 +345,7 @@ def index_add(self, dim, index, source, *, alpha=1):
     return out.reshape(self.shape)
 
 
-@lowering(aten.index_copy.default)
+@lowering(aten.index_copy.default, index_probes=probes.along_dim(IndexError, "index_copy_(): " + probes.OUT_OF_BOUNDS))
 def index_copy(self, dim, index, source):
     """Rows of source copied to rows `index` of self along dim; the last duplicate wins."""
     dim, idx = _dim_index(self, dim, index)
@@ -361,12 +367,14 @@ def _index_fill(self, dim, index, value):
     return jnp.where(hit, cast(value, self.dtype), x).reshape(self.shape)
 
 
-@lowering(aten.index_fill.int_Scalar)
+@lowering(aten.index_fill.int_Scalar,
+          index_probes=probes.along_dim(IndexError, probes.OUT_OF_BOUNDS, negative_ok=True))
 def index_fill(self, dim, index, value):
     return _index_fill(self, dim, index, value)
 
 
-@lowering(aten.index_fill.int_Tensor)
+@lowering(aten.index_fill.int_Tensor,
+          index_probes=probes.along_dim(IndexError, probes.OUT_OF_BOUNDS, negative_ok=True))
 def index_fill_tensor(self, dim, index, value):
     if value.ndim != 0:
         raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
@@ -412,7 +420,7 @@ def masked_select(self, mask):
     return jnp.broadcast_to(self, shape)[jnp.broadcast_to(mask, shape)]
 
 
-@lowering(aten.take.default)
+@lowering(aten.take.default, index_probes=probes.take)
 def take(self, index):
     return jnp.take(self.reshape(-1), wrap_index(index, self.size), mode="clip") if self.size else \
         jnp.zeros(index.shape, self.dtype)
@@ -453,12 +461,12 @@ def where(condition, self, other):
 
 
 # --------------------------------------------------------------------------- embeddings
-@lowering(aten.embedding.default)
+@lowering(aten.embedding.default, padding=Padding("embedding"), index_probes=probes.embedding)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices.astype(INT64), axis=0, mode="clip")
 
 
-@lowering(aten.embedding_dense_backward.default)
+@lowering(aten.embedding_dense_backward.default, padding=Padding("embedding_backward"))
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     idx = indices.reshape(-1).astype(INT64)
     grad = grad_output.reshape(idx.shape[0], -1)
@@ -472,7 +480,7 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     return out.astype(grad_output.dtype).reshape(num_weights, *grad_output.shape[indices.ndim:])
 
 
-@lowering(aten.embedding_renorm.default)
+@lowering(aten.embedding_renorm.default, index_probes=probes.embedding_renorm)  # embedding_renorm_ is derived from it
 def embedding_renorm(self, indices, max_norm, norm_type):
     """embedding_renorm_'s functional form (the in-place op is derived from it): each row named
     by `indices` (once, however often it repeats) whose norm exceeds max_norm is scaled by
@@ -554,7 +562,7 @@ def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, i
     return out.astype(weight.dtype), offset2bag, bag_size, max_indices
 
 
-@lowering(aten._embedding_bag.default)
+@lowering(aten._embedding_bag.default, index_probes=probes.embedding_bag)
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
@@ -562,7 +570,7 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                                   padding_idx, num_bags)
 
 
-@lowering(aten._embedding_bag_forward_only.default)
+@lowering(aten._embedding_bag_forward_only.default, index_probes=probes.embedding_bag)
 def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                                 per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     """As _embedding_bag, but CPU sizes sum mode's (zero) bag_size and max_indices like offsets."""

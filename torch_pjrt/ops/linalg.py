@@ -20,7 +20,9 @@ import torch
 from jax import lax
 from jax.lax import linalg as lxl
 
-from .registry import lowering
+from .registry import family
+
+lowering = family(not_paddable="a factorization or solve mixes the elements of its matrices: padding would change them")
 
 aten = torch.ops.aten
 

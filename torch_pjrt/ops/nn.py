@@ -25,7 +25,9 @@ from jax import lax
 
 from ..dtypes import to_jax, to_torch
 from .promotion import cast, promote
-from .registry import lowering
+from .registry import family, BATCH_ONLY, Padding
+
+lowering = family(not_paddable="no padding rule yet: it mixes elements along its dims (normalization, pooling, losses)")
 
 aten = torch.ops.aten
 
@@ -96,22 +98,22 @@ def _scaled_add(self, prod, beta, alpha, out_dtype):
 # ------------------------------------------------------------------------- matmuls
 
 
-@lowering(aten.mm.default)
+@lowering(aten.mm.default, padding=Padding("contraction"))
 def mm(self, mat2):
     return _dot_general(self, mat2, ((1,), (0,))).astype(self.dtype)
 
 
-@lowering(aten.bmm.default)
+@lowering(aten.bmm.default, padding=Padding("contraction"))
 def bmm(self, mat2):
     return _dot_general(self, mat2, ((2,), (1,)), ((0,), (0,))).astype(self.dtype)
 
 
-@lowering(aten.mv.default)
+@lowering(aten.mv.default, padding=Padding("contraction"))
 def mv(self, vec):
     return _dot_general(self, vec, ((1,), (0,))).astype(self.dtype)
 
 
-@lowering(aten.dot.default)
+@lowering(aten.dot.default, padding=Padding("contraction"))
 def dot(self, tensor):
     return _dot_general(self, tensor, ((0,), (0,))).astype(self.dtype)
 
@@ -121,7 +123,7 @@ def vdot(self, other):
     return _dot_general(jnp.conj(self), other, ((0,), (0,))).astype(self.dtype)
 
 
-@lowering(aten.addmm.default)
+@lowering(aten.addmm.default, padding=Padding("contraction"))
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return _scaled_add(self, _dot_general(mat1, mat2, ((1,), (0,))), beta, alpha, mat1.dtype)
 
@@ -131,7 +133,7 @@ def addmv(self, mat, vec, *, beta=1, alpha=1):
     return _scaled_add(self, _dot_general(mat, vec, ((1,), (0,))), beta, alpha, mat.dtype)
 
 
-@lowering(aten.baddbmm.default)
+@lowering(aten.baddbmm.default, padding=Padding("contraction"))
 def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
     prod = _dot_general(batch1, batch2, ((2,), (1,)), ((0,), (0,)))
     return _scaled_add(self, prod, beta, alpha, batch1.dtype)
@@ -176,19 +178,19 @@ def _log_softmax_fn(x, axis):
     return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True))
 
 
-@lowering(aten._softmax.default)
+@lowering(aten._softmax.default, padding=Padding("softmax"))
 def _softmax(self, dim, half_to_float):
     out = F32 if half_to_float else self.dtype
     return _along(_softmax_fn, _up(self), dim).astype(out)
 
 
-@lowering(aten._log_softmax.default)
+@lowering(aten._log_softmax.default, padding=Padding("softmax"))
 def _log_softmax(self, dim, half_to_float):
     out = F32 if half_to_float else self.dtype
     return _along(_log_softmax_fn, _up(self), dim).astype(out)
 
 
-@lowering(aten._safe_softmax.default)
+@lowering(aten._safe_softmax.default, padding=Padding("softmax"))
 def _safe_softmax(self, dim, dtype=None):
     """softmax that gives 0, not NaN, on rows that are entirely -inf (masked attention)."""
     x = self.astype(to_jax(dtype)) if dtype is not None else self
@@ -199,7 +201,7 @@ def _safe_softmax(self, dim, dtype=None):
     return jnp.where(masked, jnp.zeros((), x.dtype), out)
 
 
-@lowering(aten._softmax_backward_data.default)
+@lowering(aten._softmax_backward_data.default, padding=Padding("softmax_backward"))
 def _softmax_backward_data(grad_output, output, dim, input_dtype):
     g, y = _up(grad_output), _up(output)
     fn = lambda gy, axis: gy[0] * (gy[1] - jnp.sum(gy[0] * gy[1], axis=axis, keepdims=True))  # noqa: E731
@@ -210,7 +212,7 @@ def _softmax_backward_data(grad_output, output, dim, input_dtype):
     return res.astype(to_jax(input_dtype))
 
 
-@lowering(aten._log_softmax_backward_data.default)
+@lowering(aten._log_softmax_backward_data.default, padding=Padding("softmax_backward"))
 def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
     g, y = _up(grad_output), _up(output)
     if y.ndim == 0:
@@ -279,20 +281,20 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     return grad.astype(self.dtype)
 
 
-nll_loss_forward = lowering(aten.nll_loss_forward.default)(_nll_loss_forward)
+nll_loss_forward = lowering(aten.nll_loss_forward.default, padding=Padding("nll_loss_forward"))(_nll_loss_forward)
 nll_loss2d_forward = lowering(aten.nll_loss2d_forward.default)(_nll_loss_forward)
-nll_loss_backward = lowering(aten.nll_loss_backward.default)(_nll_loss_backward)
+nll_loss_backward = lowering(aten.nll_loss_backward.default, padding=Padding("nll_loss_backward"))(_nll_loss_backward)
 nll_loss2d_backward = lowering(aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
-@lowering(aten.mse_loss.default)
+@lowering(aten.mse_loss.default, padding=Padding("mse_loss"))
 def mse_loss(self, target, reduction=1):
     compute, out = promote(self, target)
     d = _up(self.astype(compute)) - _up(target.astype(compute))
     return _reduce(d * d, reduction).astype(out)
 
 
-@lowering(aten.mse_loss_backward.default)
+@lowering(aten.mse_loss_backward.default, padding=Padding("mse_loss_backward"))
 def mse_loss_backward(grad_output, self, target, reduction):
     compute, out = promote(grad_output, self, target)
     d = _up(self.astype(compute)) - _up(target.astype(compute))
@@ -316,7 +318,7 @@ def _normalize_grad(g_hat, xhat, rstd, axes):
     return rstd * (g_hat - mean_g - xhat * mean_gx)
 
 
-@lowering(aten.native_layer_norm.default)
+@lowering(aten.native_layer_norm.default, padding=Padding("layer_norm"))
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
     x = _up(input)
@@ -332,7 +334,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return out.astype(dt), mean.astype(dt), rstd.astype(dt)
 
 
-@lowering(aten.native_layer_norm_backward.default)
+@lowering(aten.native_layer_norm_backward.default, padding=Padding("layer_norm_backward"))
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     k = len(normalized_shape)
     axes = tuple(range(input.ndim - k, input.ndim))
@@ -401,7 +403,7 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
     return _batch_norm(input, weight, bias, None, None, training, momentum, eps)[:3]
 
 
-@lowering(aten._native_batch_norm_legit_no_training.default)
+@lowering(aten._native_batch_norm_legit_no_training.default, padding=BATCH_ONLY)
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
@@ -551,7 +553,7 @@ def _check_conv_params(stride, padding, dilation, output_padding):
         raise ValueError("non-positive dilation")
 
 
-@lowering(aten.convolution.default)
+@lowering(aten.convolution.default, padding=Padding("convolution"))
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     nd = weight.ndim - 2
     _check_conv_params(stride, padding, dilation, output_padding)
@@ -565,7 +567,7 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     return out[0] if unbatched else out
 
 
-@lowering(aten.convolution_backward.default)
+@lowering(aten.convolution_backward.default, padding=Padding("convolution_backward"))
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     nd = weight.ndim - 2
@@ -664,11 +666,11 @@ def _as_list(v):
     return (v,) if isinstance(v, int) else tuple(v)
 
 
-max_pool2d_with_indices = lowering(aten.max_pool2d_with_indices.default)(_max_pool_lowering(2))
+max_pool2d_with_indices = lowering(aten.max_pool2d_with_indices.default, padding=BATCH_ONLY)(_max_pool_lowering(2))
 max_pool3d_with_indices = lowering(aten.max_pool3d_with_indices.default)(_max_pool_lowering(3))
 
 
-@lowering(aten.max_pool2d_with_indices_backward.default)
+@lowering(aten.max_pool2d_with_indices_backward.default, padding=BATCH_ONLY)
 def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
     return _max_unpool_grad(grad_output, indices, self, 2)
 
@@ -743,9 +745,9 @@ def _avg_pool_backward_lowering(nd):
     return fn
 
 
-avg_pool2d = lowering(aten.avg_pool2d.default)(_avg_pool_lowering(2))
+avg_pool2d = lowering(aten.avg_pool2d.default, padding=BATCH_ONLY)(_avg_pool_lowering(2))
 avg_pool3d = lowering(aten.avg_pool3d.default)(_avg_pool_lowering(3))
-avg_pool2d_backward = lowering(aten.avg_pool2d_backward.default)(_avg_pool_backward_lowering(2))
+avg_pool2d_backward = lowering(aten.avg_pool2d_backward.default, padding=BATCH_ONLY)(_avg_pool_backward_lowering(2))
 avg_pool3d_backward = lowering(aten.avg_pool3d_backward.default)(_avg_pool_backward_lowering(3))
 
 
@@ -778,7 +780,7 @@ def _check_adaptive_dtype(x):
         raise TypeError(f"adaptive pooling has no kernel for {np.dtype(x.dtype).name}")
 
 
-@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, padding=BATCH_ONLY)
 def _adaptive_avg_pool(self, output_size):
     _check_adaptive_dtype(self)
     return _adaptive_avg(self, tuple(output_size))
@@ -817,7 +819,7 @@ def _adaptive_avg_backward(grad_output, self, nd):
     return grad
 
 
-@lowering(aten._adaptive_avg_pool2d_backward.default)
+@lowering(aten._adaptive_avg_pool2d_backward.default, padding=BATCH_ONLY)
 def _adaptive_avg_pool2d_backward(grad_output, self):
     return _adaptive_avg_backward(grad_output, self, 2)
 

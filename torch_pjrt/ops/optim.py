@@ -11,7 +11,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from .registry import lowering
+from .registry import family
+
+lowering = family(not_paddable="a fused optimizer step updates parameters, whose shapes are never symbolic")
 
 aten = torch.ops.aten
 

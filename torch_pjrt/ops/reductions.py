@@ -19,7 +19,9 @@ import torch
 
 from ..dtypes import to_jax
 from .promotion import cast, default_float, promote
-from .registry import lowering
+from .registry import family, Padding, reduction
+
+lowering = family(not_paddable="no padding rule yet: it orders or scans the elements of a possibly padded dim")
 from .views import wrap_dim, wrap_dims
 
 aten = torch.ops.aten
@@ -84,12 +86,12 @@ def require_float(name, x):
 
 
 # --------------------------------------------------------------------------- sum / mean / prod
-@lowering(aten.sum.default)
+@lowering(aten.sum.default, padding=reduction("zero"))
 def sum(self, *, dtype=None):  # noqa: A001 (named after the op)
     return accumulate(jnp.sum, self, dtype)
 
 
-@lowering(aten.sum.dim_IntList)
+@lowering(aten.sum.dim_IntList, padding=reduction("zero"))
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
     return accumulate(jnp.sum, self, dtype, axis=wrap_dims(dim, self.ndim), keepdims=keepdim)
 
@@ -108,13 +110,13 @@ def _mean_input(name, self, dtype):
     return x
 
 
-@lowering(aten.mean.default)
+@lowering(aten.mean.default, padding=Padding("mean"))
 def mean(self, *, dtype=None):
     x = _mean_input("mean", self, dtype)
     return accumulate(jnp.mean, x, None)
 
 
-@lowering(aten.mean.dim)
+@lowering(aten.mean.dim, padding=Padding("mean"))
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
     x = _mean_input("mean", self, dtype)
     return accumulate(jnp.mean, x, None, axis=wrap_dims(dim, x.ndim), keepdims=keepdim)
@@ -128,12 +130,12 @@ def nanmean(self, dim=None, keepdim=False, *, dtype=None):
     return (nansum(x, dim, keepdim) / count).astype(x.dtype)
 
 
-@lowering(aten.prod.default)
+@lowering(aten.prod.default, padding=reduction("one"))
 def prod(self, *, dtype=None):
     return accumulate(jnp.prod, self, dtype)
 
 
-@lowering(aten.prod.dim_int)
+@lowering(aten.prod.dim_int, padding=reduction("one"))
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
     axes = wrap_dims([dim], self.ndim)
     return accumulate(jnp.prod, self, dtype, axis=axes, keepdims=keepdim)
@@ -174,7 +176,7 @@ def var_dim(self, dim, unbiased=True, keepdim=False):
     return var_and_mean(self, dim, int(unbiased), keepdim)[0]
 
 
-@lowering(aten.var.correction)
+@lowering(aten.var.correction, padding=Padding("var"))
 def var_correction(self, dim=None, *, correction=None, keepdim=False):
     return var_and_mean(self, dim, correction, keepdim)[0]
 
@@ -189,7 +191,7 @@ def std_dim(self, dim, unbiased=True, keepdim=False):
     return var_and_mean(self, dim, int(unbiased), keepdim, root=True)[0]
 
 
-@lowering(aten.std.correction)
+@lowering(aten.std.correction, padding=Padding("var"))
 def std_correction(self, dim=None, *, correction=None, keepdim=False):
     return var_and_mean(self, dim, correction, keepdim, root=True)[0]
 
@@ -204,7 +206,7 @@ def var_mean_dim(self, dim, unbiased=True, keepdim=False):
     return var_and_mean(self, dim, int(unbiased), keepdim)
 
 
-@lowering(aten.var_mean.correction)
+@lowering(aten.var_mean.correction, padding=Padding("var"))
 def var_mean_correction(self, dim=None, *, correction=None, keepdim=False):
     return var_and_mean(self, dim, correction, keepdim)
 
@@ -232,13 +234,13 @@ def _nonempty(name, x, axes=None):
                          f"Specify the reduction dim with the 'dim' argument.")
 
 
-@lowering(aten.max.default)
+@lowering(aten.max.default, padding=reduction("low"))
 def max(self):  # noqa: A001
     _nonempty("max", self)
     return jnp.max(self)
 
 
-@lowering(aten.min.default)
+@lowering(aten.min.default, padding=reduction("high"))
 def min(self):  # noqa: A001
     _nonempty("min", self)
     return jnp.min(self)
@@ -253,24 +255,24 @@ def _value_index(reduce, arg, self, dim, keepdim):
     return reduce(self, axis=dim, keepdims=keepdim), arg(self, axis=dim, keepdims=keepdim).astype(INT64)
 
 
-@lowering(aten.max.dim)
+@lowering(aten.max.dim, padding=reduction("low"))
 def max_dim(self, dim, keepdim=False):
     return _value_index(jnp.max, jnp.argmax, self, dim, keepdim)  # argmax takes the first NaN, as torch
 
 
-@lowering(aten.min.dim)
+@lowering(aten.min.dim, padding=reduction("high"))
 def min_dim(self, dim, keepdim=False):
     return _value_index(jnp.min, jnp.argmin, self, dim, keepdim)
 
 
-@lowering(aten.amax.default)
+@lowering(aten.amax.default, padding=reduction("low"))
 def amax(self, dim=(), keepdim=False):
     axes = wrap_dims(dim, self.ndim)
     _nonempty("amax", self, axes)
     return jnp.max(self, axis=axes, keepdims=keepdim)
 
 
-@lowering(aten.amin.default)
+@lowering(aten.amin.default, padding=reduction("high"))
 def amin(self, dim=(), keepdim=False):
     axes = wrap_dims(dim, self.ndim)
     _nonempty("amin", self, axes)
@@ -295,12 +297,12 @@ def _arg(fn, self, dim, keepdim):
     return _value_index(jnp.max, fn, self, dim, keepdim)[1]
 
 
-@lowering(aten.argmax.default)
+@lowering(aten.argmax.default, padding=reduction("low"))
 def argmax(self, dim=None, keepdim=False):
     return _arg(jnp.argmax, self, dim, keepdim)
 
 
-@lowering(aten.argmin.default)
+@lowering(aten.argmin.default, padding=reduction("high"))
 def argmin(self, dim=None, keepdim=False):
     return _arg(jnp.argmin, self, dim, keepdim)
 
@@ -313,32 +315,32 @@ def _logical_reduce(fn, self, dim, keepdim):
     return out.astype(jnp.uint8) if self.dtype == jnp.uint8 else out  # torch keeps uint8 for uint8
 
 
-@lowering(aten.all.default)
+@lowering(aten.all.default, padding=reduction("one"))
 def all(self):  # noqa: A001
     return _logical_reduce(jnp.all, self, None, False)
 
 
-@lowering(aten.all.dim)
+@lowering(aten.all.dim, padding=reduction("one"))
 def all_dim(self, dim, keepdim=False):
     return _logical_reduce(jnp.all, self, [dim], keepdim)
 
 
-@lowering(aten.all.dims)
+@lowering(aten.all.dims, padding=reduction("one"))
 def all_dims(self, dim=None, keepdim=False):
     return _logical_reduce(jnp.all, self, dim, keepdim)
 
 
-@lowering(aten.any.default)
+@lowering(aten.any.default, padding=reduction("zero"))
 def any(self):  # noqa: A001
     return _logical_reduce(jnp.any, self, None, False)
 
 
-@lowering(aten.any.dim)
+@lowering(aten.any.dim, padding=reduction("zero"))
 def any_dim(self, dim, keepdim=False):
     return _logical_reduce(jnp.any, self, [dim], keepdim)
 
 
-@lowering(aten.any.dims)
+@lowering(aten.any.dims, padding=reduction("zero"))
 def any_dims(self, dim=None, keepdim=False):
     return _logical_reduce(jnp.any, self, dim, keepdim)
 
@@ -354,7 +356,7 @@ def count_nonzero_dims(self, dim):
 
 
 # --------------------------------------------------------------------------- logsumexp / norms
-@lowering(aten.logsumexp.default)
+@lowering(aten.logsumexp.default, padding=reduction("low"))
 def logsumexp(self, dim, keepdim=False):
     x = self.astype(default_float()) if is_integral(self.dtype) else self
     axes = wrap_dims(dim, x.ndim)
@@ -428,12 +430,12 @@ def _scan(fn, x, dim):
     return fn(x, dim)
 
 
-@lowering(aten.cumsum.default)
+@lowering(aten.cumsum.default, padding=Padding("cumulative"))
 def cumsum(self, dim, *, dtype=None):
     return accumulate(lambda x: _scan(lambda a, d: jnp.cumsum(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 
 
-@lowering(aten.cumprod.default)
+@lowering(aten.cumprod.default, padding=Padding("cumulative"))
 def cumprod(self, dim, *, dtype=None):
     return accumulate(lambda x: _scan(lambda a, d: jnp.cumprod(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 

@@ -18,17 +18,46 @@ statistics), register the lowering on that op: it returns the written arguments'
 values in schema order (just the array when only `self` is written), then the op's other
 outputs.
 
-The table has consumers (eager kernels, the torch.compile interpreter, custom kernels)
-and knows nothing of them.
+An entry is the whole description of its op: besides the function it carries the traits
+its consumers read (how padded execution treats it, which index tensors eager checks,
+whether eager derives its kernel from it). The consumers (eager kernels, the torch.compile
+interpreter and its padding, custom kernels) keep no per-op tables of their own, and the
+table knows nothing of them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 OpOverload = torch._ops.OpOverload
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How padded execution (compiler/padding.py) runs an op over zero-padded dynamic dims:
+    the name of its rule there, and the rule's parameters (a reduction's identity)."""
+
+    rule: str
+    identity: str | None = None  # reductions: "zero", "one", "low", "high"
+
+
+POINTWISE = Padding("pointwise")  # elementwise with broadcasting: junk stays where it was
+SAME = Padding("same")  # one input, output laid out like it (clone, fill, ...)
+FACTORY = Padding("factory")  # a new tensor whose shape comes from the graph's sizes
+BATCH_ONLY = Padding("batch_only")  # independent per sample of dim 0 (pooling)
+
+
+def reduction(identity: str) -> Padding:
+    """A reduction over `dim` (all dims without one): padded elements become `identity` first."""
+    return Padding("reduction", identity)
+
+
+# One index tensor to check in eager (runtime/index_checks.py): (index, the size it
+# addresses, whether negative indices count from the end, (flat position, value) of the
+# first bad index -> the exception torch raises).
+Probe = tuple[object, int, bool, Callable[[int, int], Exception]]
 
 
 @dataclass(frozen=True)
@@ -39,14 +68,22 @@ class Lowering:
     jit: bool  # False: data-dependent output shape, runs op-by-op on concrete arrays
     random: bool  # True: receives `generator=` as a traced 64-bit seed even if the schema has none
     traced: frozenset  # names of non-Scalar number arguments to trace anyway (a fused optimizer's lr)
+    padding: Padding | None  # how a graph with symbolic sizes runs it padded; None: see not_paddable
+    not_paddable: str  # why a graph holding it runs at exact sizes ("" when padding is set)
+    index_probes: Callable[[list], Iterator[Probe]] | None  # the index tensors eager checks, from the values
+    host_indices: bool  # its index tensors may live on the CPU, as with CUDA (x_cuda[cpu_index])
+    eager: str  # "": eager derives its kernels from it; else which kernel serves eager instead, and why
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
 
 
 def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
-             traced: Iterable[str] = ()) -> Callable:
-    """Register `fn` as the lowering of each overload in `ops`."""
+             traced: Iterable[str] = (), padding: Padding | None = None, not_paddable: str = "",
+             index_probes: Callable | None = None, host_indices: bool = False, eager: str = "") -> Callable:
+    """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
+    tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
+    rule or says why it has none (`family` gives a module's ops one reason)."""
 
     def register(fn: Callable) -> Callable:
         for op in ops:
@@ -57,7 +94,21 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             # way; that failure, not this, is the error to show.
             if known is not None and (known.fn.__module__, known.fn.__qualname__) != (fn.__module__, fn.__qualname__):
                 raise ValueError(f"{op} already has a lowering ({known.fn.__module__}.{known.fn.__qualname__})")
-            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced))
+            pad = padding
+            if pad is None and torch.Tag.pointwise in op.tags and not random:
+                pad = POINTWISE
+            LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
+                                     "" if pad is not None else not_paddable, index_probes, host_indices, eager)
         return fn
 
     return register
+
+
+def family(**defaults) -> Callable:
+    """`lowering` with traits a module's ops share (elementwise ops pad as POINTWISE; linear
+    algebra says once why it has no padding rule); an entry may still give its own."""
+
+    def decorator(*ops: OpOverload, **traits) -> Callable:
+        return lowering(*ops, **{**defaults, **traits})
+
+    return decorator

@@ -19,7 +19,9 @@ import torch
 from ..dtypes import to_jax
 from . import core
 from .promotion import default_float, promote
-from .registry import lowering
+from .registry import family, FACTORY, Padding, SAME
+
+lowering = family(not_paddable="no padding rule yet: it moves elements along a possibly padded dim (flip, roll, pad)")
 from .views import wrap_dim
 
 aten = torch.ops.aten
@@ -69,7 +71,7 @@ def _is_legacy_empty(t):
     return t.ndim == 1 and t.shape[0] == 0
 
 
-@lowering(aten.cat.default)
+@lowering(aten.cat.default, padding=Padding("cat"))
 def cat(tensors, dim=0):
     _, dtype = promote(*tensors)
     kept = [t for t in tensors if not _is_legacy_empty(t)]  # torch skips 1-D empties of any shape
@@ -79,7 +81,7 @@ def cat(tensors, dim=0):
     return jnp.concatenate([t.astype(dtype) for t in kept], axis=dim)
 
 
-@lowering(aten.stack.default)
+@lowering(aten.stack.default, padding=Padding("stack"))
 def stack(tensors, dim=0):
     _, dtype = promote(*tensors)
     dim = wrap_dim(dim, tensors[0].ndim + 1)
@@ -141,14 +143,14 @@ def repeat_interleave_self_int(self, repeats, dim=None, *, output_size=None):
     return jnp.repeat(x, repeats, axis=dim)
 
 
-@lowering(aten.tril.default)
+@lowering(aten.tril.default, padding=Padding("tril"))
 def tril(self, diagonal=0):
     if self.ndim < 2:
         raise RuntimeError("tril: input tensor must have at least 2 dimensions")
     return jnp.tril(self, diagonal)
 
 
-@lowering(aten.triu.default)
+@lowering(aten.triu.default, padding=Padding("tril"))
 def triu(self, diagonal=0):
     if self.ndim < 2:
         raise RuntimeError("triu: input tensor must have at least 2 dimensions")
@@ -217,23 +219,25 @@ replication_pad3d, replication_pad3d_backward = _register_pad("replication_pad3d
 
 
 # --------------------------------------------------------------------------- copies
-@lowering(aten.clone.default)
+@lowering(aten.clone.default, padding=SAME,
+          eager="eager/transfer.py's clone: shares the source's buffer until one is written, keeps its layout")
 def clone(self, *, memory_format=None):
     return self  # buffers are immutable: a clone is the same values
 
 
-@lowering(aten.contiguous.default)
+@lowering(aten.contiguous.default, padding=SAME)
 def contiguous(self, *, memory_format=torch.contiguous_format):
     return self
 
 
-@lowering(aten.copy.default)
+@lowering(aten.copy.default, padding=SAME,
+          eager="torch's own copy_ serves eager: it routes copies between devices to _copy_from (eager/transfer.py)")
 def copy(self, src, non_blocking=False):
     """Functionalised copy_: src broadcast to self's shape, in self's dtype."""
     return jnp.broadcast_to(convert(src, self.dtype), self.shape)
 
 
-@lowering(aten._to_copy.default)
+@lowering(aten._to_copy.default, padding=SAME, eager="eager/transfer.py's to_copy: the copy may cross devices")
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     return self if dtype is None else convert(self, to_jax(dtype))
 
@@ -249,22 +253,22 @@ def convert_element_type(a, dtype):
 # fill.Scalar / fill.Tensor / zero are elementwise's lowerings.
 
 
-@lowering(aten.zeros_like.default, aten.empty_like.default)
+@lowering(aten.zeros_like.default, aten.empty_like.default, padding=SAME)
 def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(self.shape, _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.ones_like.default)
+@lowering(aten.ones_like.default, padding=SAME)
 def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.ones(self.shape, _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.full_like.default)
+@lowering(aten.full_like.default, padding=SAME)
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return filled(self.shape, fill_value, _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.full.default)
+@lowering(aten.full.default, padding=FACTORY)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled(size, fill_value, _dtype_or(dtype, infer_fill_dtype(fill_value)))
 
@@ -276,12 +280,12 @@ def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memo
     return jnp.zeros(tuple(size), _dtype_or(dtype, default_float()))
 
 
-@lowering(aten.scalar_tensor.default)
+@lowering(aten.scalar_tensor.default, padding=FACTORY)
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled((), s, _dtype_or(dtype, default_float()))
 
 
-@lowering(aten.new_zeros.default, aten.new_empty.default)
+@lowering(aten.new_zeros.default, aten.new_empty.default, padding=FACTORY)
 def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
@@ -291,12 +295,12 @@ def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=Non
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.new_ones.default)
+@lowering(aten.new_ones.default, padding=FACTORY)
 def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.ones(tuple(size), _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.new_full.default)
+@lowering(aten.new_full.default, padding=FACTORY)
 def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled(size, fill_value, _dtype_or(dtype, self.dtype))
 
@@ -312,12 +316,12 @@ def eye_m(n, m, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 
 # arange.start_step is core.py's lowering; the shorter overloads reuse it.
-@lowering(aten.arange.default, static=("end",))
+@lowering(aten.arange.default, static=("end",), padding=Padding("arange"))
 def arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
     return core.arange(0, end, 1, dtype=dtype)
 
 
-@lowering(aten.arange.start, static=("start", "end"))
+@lowering(aten.arange.start, static=("start", "end"), padding=Padding("arange"))
 def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
     return core.arange(start, end, 1, dtype=dtype)
 

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from ..dtypes import to_jax
-from .registry import lowering
+from .registry import family, Padding, SAME
+
+lowering = family(not_paddable="no padding rule yet: a view of a padded dim's storage (as_strided, unfold, diagonal) would see the padding")
 
 aten = torch.ops.aten
 
@@ -83,7 +85,9 @@ def scatter_through_view(x, src, view_fn):
 
 
 # --------------------------------------------------------------------------- reshapes
-@lowering(aten.view.default, aten.view_copy.default, aten._unsafe_view.default, aten.reshape.default)
+@lowering(aten.view.default, aten.view_copy.default, aten.reshape.default, padding=Padding("view"))
+@lowering(aten._unsafe_view.default, padding=Padding("view"),
+          eager="eager/view_kernels.py: a view of the same storage where one exists, as on the CPU")
 def view(self, size):
     return jnp.reshape(self, infer_size(size, self.size))
 
@@ -117,14 +121,14 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
 
 
 # --------------------------------------------------------------------------- dim shuffles
-@lowering(aten.t.default, aten.t_copy.default)
+@lowering(aten.t.default, aten.t_copy.default, padding=Padding("t"))
 def t(self):
     if self.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
     return self.T if self.ndim == 2 else self
 
 
-@lowering(aten.transpose.int, aten.transpose_copy.int)
+@lowering(aten.transpose.int, aten.transpose_copy.int, padding=Padding("transpose"))
 def transpose(self, dim0, dim1):
     if self.ndim == 0:
         wrap_dim(dim0, 0), wrap_dim(dim1, 0)
@@ -132,7 +136,7 @@ def transpose(self, dim0, dim1):
     return jnp.swapaxes(self, wrap_dim(dim0, self.ndim), wrap_dim(dim1, self.ndim))
 
 
-@lowering(aten.permute.default, aten.permute_copy.default)
+@lowering(aten.permute.default, aten.permute_copy.default, padding=Padding("permute"))
 def permute(self, dims):
     if len(dims) != self.ndim:
         raise RuntimeError(f"permute(sparse_coo): number of dimensions in the tensor input does not match "
@@ -141,7 +145,7 @@ def permute(self, dims):
     return jnp.transpose(self, tuple(wrap_dim(d, self.ndim) for d in dims)) if self.ndim else self
 
 
-@lowering(aten.expand.default, aten.expand_copy.default)
+@lowering(aten.expand.default, aten.expand_copy.default, padding=Padding("expand"))
 def expand(self, size, *, implicit=False):
     lead = len(size) - self.ndim
     if lead < 0:
@@ -151,13 +155,13 @@ def expand(self, size, *, implicit=False):
     return jnp.broadcast_to(self, shape)
 
 
-@lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+@lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default, padding=Padding("unsqueeze"))
 def unsqueeze(self, dim):
     return jnp.expand_dims(self, wrap_dim(dim, self.ndim + 1))
 
 
 @lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
-          aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims)
+          aten.squeeze_copy.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims, padding=Padding("squeeze"))
 def squeeze(self, dim=None):
     dims = wrap_dims(dim, self.ndim)
     return jnp.squeeze(self, tuple(d for d in dims if self.shape[d] == 1))
@@ -181,7 +185,7 @@ def _along(ndim: int, dim: int, key) -> tuple:
     return (builtins.slice(None),) * dim + (key,)  # `slice` here is the aten.slice lowering
 
 
-@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+@lowering(aten.slice.Tensor, aten.slice_copy.Tensor, padding=Padding("slice"))
 def slice(self, dim=0, start=None, end=None, step=1):  # noqa: A001 (named after the op)
     dim = wrap_dim(dim, self.ndim)
     s, e, st = slice_bounds(self.shape[dim], start, end, step)
@@ -202,7 +206,7 @@ def _select_index(self, dim: int, index: int) -> int:
     return index % n
 
 
-@lowering(aten.select.int, aten.select_copy.int)
+@lowering(aten.select.int, aten.select_copy.int, padding=Padding("select"))
 def select(self, dim, index):
     dim = wrap_dim(dim, self.ndim)
     return jax.lax.index_in_dim(self, _select_index(self, dim, index), axis=dim, keepdims=False)
@@ -272,20 +276,22 @@ def unfold(self, dimension, size, step):
 
 # --------------------------------------------------------------------------- identities
 @lowering(aten.alias.default, aten.alias_copy.default, aten.detach.default, aten.detach_copy.default,
-          aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default)
+          aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default, padding=SAME)
 def alias(self):
     return self
 
 
 # --------------------------------------------------------------------------- dtype views
-@lowering(aten.view_as_real.default, aten.view_as_real_copy.default)
+@lowering(aten.view_as_real_copy.default)
+@lowering(aten.view_as_real.default, eager="eager/view_kernels.py: a view of the storage with another element type")
 def view_as_real(self):
     if not jnp.iscomplexobj(self):
         raise RuntimeError("view_as_real is only supported for complex tensors")
     return jnp.stack([jnp.real(self), jnp.imag(self)], axis=-1)
 
 
-@lowering(aten.view_as_complex.default, aten.view_as_complex_copy.default)
+@lowering(aten.view_as_complex_copy.default)
+@lowering(aten.view_as_complex.default, eager="eager/view_kernels.py: a view of the storage with another element type")
 def view_as_complex(self):
     if self.ndim == 0 or self.shape[-1] != 2:
         raise RuntimeError("Tensor must have a last dimension of size 2")
@@ -324,7 +330,7 @@ def view_dtype(self, dtype):
 
 # --------------------------------------------------------------------------- splits (tuples)
 @lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default, aten.split.sizes,
-          aten.split.default)
+          aten.split.default, padding=Padding("split"))
 def split_with_sizes(self, split_sizes, dim=0):
     dim = wrap_dim(dim, self.ndim)
     if sum(split_sizes) != self.shape[dim]:
@@ -334,7 +340,7 @@ def split_with_sizes(self, split_sizes, dim=0):
     return tuple(jax.lax.slice_in_dim(self, int(s), int(s) + n, axis=dim) for s, n in zip(starts, split_sizes))
 
 
-@lowering(aten.split.Tensor, aten.split_copy.Tensor)
+@lowering(aten.split.Tensor, aten.split_copy.Tensor, padding=Padding("split"))
 def split(self, split_size, dim=0):
     dim = wrap_dim(dim, self.ndim)
     n = self.shape[dim]
@@ -352,7 +358,7 @@ def chunk(self, chunks, dim=0):
     return split(self, -(-self.shape[dim] // chunks), dim)
 
 
-@lowering(aten.unbind.int, aten.unbind_copy.int)
+@lowering(aten.unbind.int, aten.unbind_copy.int, padding=Padding("split"))
 def unbind(self, dim=0):
     dim = wrap_dim(dim, self.ndim)
     return tuple(jax.lax.index_in_dim(self, i, axis=dim, keepdims=False) for i in range(self.shape[dim]))

@@ -13,6 +13,8 @@ shape is whatever produced it; its dtype may differ from a tensor's after view(d
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import collections
 import functools
 import sys
@@ -155,18 +157,39 @@ def read_lazily(t: torch.Tensor):
     if buf is not None:
         return buf
     buf = _materialized_buffer(t)
-    return StridedView(buf, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype),
-                             t.is_conj(), t.is_neg()))
+    return StridedView(buf, Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype),
+                                     t.is_conj(), t.is_neg()))
+
+
+class Geometry(NamedTuple):
+    """Where a view's elements lie in its storage's buffer (static in executables)."""
+
+    size: tuple
+    stride: tuple
+    offset: int
+    dtype: object  # the view's JAX dtype
+    conj: bool = False  # torch's lazy conjugate bit
+    neg: bool = False  # torch's lazy negative bit
 
 
 @jax.tree_util.register_pytree_node_class
 class StridedView:
-    """A tensor's geometry over its storage's buffer; the geometry is static in executables."""
+    """A tensor's geometry over its storage's buffer: an operand an executable resolves
+    (the C++ fast path builds it too, with the geometry as a plain tuple)."""
 
     __slots__ = ("buffer", "geometry")
 
     def __init__(self, buffer, geometry: tuple):
-        self.buffer, self.geometry = buffer, geometry
+        self.buffer = buffer
+        self.geometry = geometry if type(geometry) is Geometry else Geometry(*geometry)
+
+    @property
+    def shape(self) -> tuple:
+        return self.geometry.size
+
+    @property
+    def dtype(self):
+        return self.geometry.dtype
 
     def tree_flatten(self):
         return (self.buffer,), self.geometry
