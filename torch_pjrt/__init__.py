@@ -61,7 +61,7 @@ def _setup() -> None:
     torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)
     from . import distributed
 
-    distributed.register()  # after eager.register: see ops/collectives.py
+    distributed.register()
     from .kernels import hooks
 
     hooks.install()  # custom kernels behind aten ops: SDPA -> flash attention, _grouped_mm (kernels/hooks.py)

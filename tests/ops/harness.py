@@ -16,7 +16,7 @@ jax.config.update("jax_enable_x64", True)
 
 import torch_pjrt.ops  # noqa: E402,F401  (registers every lowering)
 from torch_pjrt.dtypes import to_torch  # noqa: E402
-from torch_pjrt.ops.jitted import executable, prepare  # noqa: E402
+from torch_pjrt.ops.call import OpCall  # noqa: E402
 from torch_pjrt.ops.registry import LOWERINGS  # noqa: E402
 from torch_pjrt.ops.signature import Signature  # noqa: E402
 
@@ -60,11 +60,8 @@ def make(shape, dtype=torch.float32, seed=0) -> torch.Tensor:
 
 def run_lowering(op, *args, **kwargs):
     """The op's lowering on CPU tensors, through jax.jit as eager runs it."""
-    lowering = LOWERINGS[op]
-    sig = Signature.of(op)
-    values = prepare(lowering, sig, tree_map(_to_jax, sig.bind(args, kwargs)))
-    out = executable(lowering)(*values)
-    return tree_map(_to_torch, out)
+    args, kwargs = tree_map(_to_jax, (args, kwargs))
+    return tree_map(_to_torch, OpCall.of(LOWERINGS[op]).run(args, kwargs))
 
 
 def run_pjrt(op, *args, **kwargs):

@@ -5,29 +5,25 @@ tensor, a CPU tensor, an int), which inputs the graph mutates (AOTAutograd's tra
 `copy_(placeholder, value)` nodes), which nodes are random, what each output is. Its
 `function` is pure: (seeds, constants, *inputs) -> (outputs, new values of mutated inputs),
 and runs every call_function node through the op table's lowering, binding arguments with
-`Signature` and calling `jitted.call_lowering` exactly as the eager kernels do. The caller
+the table's bound call (ops/call.py), exactly as the eager kernels do. The caller
 puts it inside one `jax.jit`, so a graph is one XLA executable.
 
 A few nodes are graph plumbing rather than ops and are interpreted here: `getitem`,
-`copy_` (the functionalization's write-back, run as the table's aten.copy), the symbolic-size helpers
-(`sym_size`, `operator.mul` on ints, ...), and `_foreach_*` overloads the table lacks
-(applied element by element through the table's lowering of the single-tensor op).
+`copy_` (the functionalization's write-back, run as the table's aten.copy) and the
+symbolic-size helpers (`sym_size`, `operator.mul` on ints, ...).
 """
 from __future__ import annotations
 
-import itertools
 import operator
 
 import jax
-import jax.numpy as jnp
 import torch
 from torch.fx.node import map_aggregate
 
 from ..dtypes import to_jax
-from ..ops.jitted import call_lowering
+from ..ops.call import OpCall
 from ..ops.shape import copy as copy_lowering
 from ..ops.registry import LOWERINGS, Lowering
-from ..ops.signature import SCALAR, Signature
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
@@ -64,81 +60,9 @@ def find_lowering(op: OpOverload) -> Lowering | None:
     return lowering
 
 
-def _weak(v):
-    """A Python number as a weakly typed JAX scalar (the table's Scalar contract)."""
-    if v.__class__ in (int, float, bool, complex):
-        try:
-            return jnp.asarray(v)
-        except OverflowError:
-            return v
-    return v
-
-
-class _OpCall:
-    """How one aten overload is called inside the traced graph."""
-
-    def __init__(self, op: OpOverload, lowering: Lowering):
-        self.op, self.lowering = op, lowering
-        self.sig = Signature.of(op)
-        self.scalars = tuple(i for i, (n, k) in enumerate(zip(self.sig.names, self.sig.kinds))
-                             if k == SCALAR and n not in lowering.static)
-        self.generator = self.sig.names.index("generator") if "generator" in self.sig.names else None
-        self.random = lowering.random or self.generator is not None
-
-    def __call__(self, args, kwargs, seed=None):
-        values = self.sig.bind(tuple(args), kwargs)
-        for i in self.scalars:
-            values[i] = _weak(values[i])
-        if self.random:
-            if self.generator is not None:
-                values[self.generator] = seed
-            else:
-                values.append(seed)
-        return call_lowering(self.lowering, self.sig, *values)
-
-
-class _ForeachCall:
-    """A `_foreach_*` overload the table lacks, as its single-tensor op applied per element."""
-
-    def __init__(self, op: OpOverload):
-        self.op = op
-        name = op._schema.name.split("::")[1][len("_foreach_"):]
-        self.types = [str(a.type) for a in op._schema.arguments]
-        self.lists = [i for i, t in enumerate(self.types) if t.startswith("List[")]
-        base = getattr(aten, name, None)
-        self.base, self.indexed = None, ()
-        if name == "norm":
-            self.base = _OpCall(aten.linalg_vector_norm.default, LOWERINGS[aten.linalg_vector_norm.default])
-            self.adapt = lambda a: (a[0], a[1], None, False, a[2] if len(a) > 2 else None)
-            return
-        self.adapt = lambda a: a
-        if base is None:
-            return
-        tensor_args = [i for i, t in enumerate(self.types) if t == "Tensor"]
-        elem = ["Tensor" if t in ("List[Tensor]", "Tensor") else "number" if t in ("List[number]", "number") else t
-                for t in self.types]
-        for indexed in itertools.chain([()], ([i] for i in tensor_args)):  # a Tensor arg may hold per-element scalars
-            want = [("number" if i in indexed else t) for i, t in enumerate(elem)]
-            for overload in base.overloads():
-                cand = getattr(base, overload)
-                args = [a for a in cand._schema.arguments if not a.kwarg_only]
-                types = [str(a.type) for a in args]
-                if len(types) >= len(want) and types[: len(want)] == want and \
-                        all(a.has_default_value() for a in args[len(want):]):
-                    lowering = find_lowering(cand)
-                    if lowering is not None:
-                        self.base, self.indexed = _OpCall(cand, lowering), tuple(indexed)
-                        return
-
-    def __call__(self, args, kwargs):
-        if kwargs:
-            args = tuple(Signature.of(self.op).bind(tuple(args), kwargs))
-        n = len(args[self.lists[0]])
-        out = []
-        for k in range(n):
-            elem = [a[k] if i in self.lists or i in self.indexed else a for i, a in enumerate(args)]
-            out.append(self.base(self.adapt(elem), {}))
-        return out
+def _OpCall(op: OpOverload, lowering: Lowering) -> OpCall:
+    """How one aten overload is called inside the traced graph: the table's bound call."""
+    return OpCall.of(lowering, op)
 
 
 _copy = copy_lowering  # the functionalization's write-back (copy_) is the table's aten.copy
@@ -195,7 +119,7 @@ class GraphProgram:
         for n in self.nodes:
             if n.op == "call_function" and n not in self.writeback_nodes:
                 self.calls[n] = self._plan(n)
-                if isinstance(self.calls[n], _OpCall) and self.calls[n].random:
+                if isinstance(self.calls[n], OpCall) and self.calls[n].random:
                     self.random_nodes.append(n)
         self.seed_index = {n: i for i, n in enumerate(self.random_nodes)}
         out_node = next(n for n in reversed(self.nodes) if n.op == "output")
@@ -216,10 +140,6 @@ class GraphProgram:
                     raise self.error(node, "its output shape depends on tensor values (a data-dependent op), so it cannot "
                                            "run inside one executable; let Dynamo graph-break on it")
                 return _OpCall(target, lowering)
-            if target._schema.name.startswith("aten::_foreach_"):
-                call = _ForeachCall(target)
-                if call.base is not None:
-                    return lambda args, kw, _c=call: _c(args, kw)
             raise self.error(node, "the pjrt op table has no lowering for it (and torch has no decomposition "
                                    "AOTAutograd applied)")
         if callable(target) and not isinstance(target, torch._ops.OpOverloadPacket):

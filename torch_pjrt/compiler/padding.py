@@ -31,6 +31,7 @@ import torch
 from jax._src.lax import lax as _lax_internal
 from torch.fx.node import map_aggregate
 
+from ..ops.call import OpCall
 from .interpreter import _copy, _OpCall, find_lowering
 
 aten = torch.ops.aten
@@ -922,7 +923,7 @@ class PaddedProgram:
             any(_has_padded(l) for l in list(layouts[0]) + list(layouts[1].values()))
         has_size = any(isinstance(a, Size) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0])
         symbolic_out = _symbolic_output(val)
-        if isinstance(call, _OpCall) and call.random and (padded_inputs or symbolic_out):
+        if isinstance(call, OpCall) and call.random and (padded_inputs or symbolic_out):
             raise NotPaddable("a random op: its draws depend on the padded shape")
 
         def run(a, kw):

@@ -7,7 +7,7 @@ axis (a single group; or several evenly spaced groups that form a grid of ranks,
 DeviceMesh's dimensions do), the graph runs as `jax.jit(shard_map(graph))` on that mesh:
 each rank's inputs are its shards of global arrays laid out along dimension 0 (no copy),
 the graph's ops run on the local blocks exactly as on one device, and each collective
-node lowers to an XLA collective on its group's mesh axis (ops.collectives.over_groups).
+node lowers to an XLA collective on its group's mesh axis (distributed/collectives.py, over_groups).
 The graph stays one executable, and its collectives are XLA's own (NCCL on GPUs, gloo on
 the CPU platform), scheduled by XLA together with the compute around them.
 
@@ -19,7 +19,7 @@ differ between ranks, e.g. in rank-dependent constants): ranks whose collectives
 skip the graph together and raise instead of exchanging mismatched buffers
 (TORCH_PJRT_COLLECTIVE_CHECKS=0 turns the check off).
 
-Other graphs with collectives keep the host path of ops/collectives.py: groups no mesh
+Other graphs with collectives keep the host path of distributed/collectives.py: groups no mesh
 spans, groups without an XLA path, uneven all_to_all splits, symbolic sizes.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ..runtime import storage
 from ..distributed.work import CollectiveError
 from ..distributed.xla import GroupMesh, agreed, as_block, fingerprints
-from ..ops import collectives
+from ..distributed import collectives
 from ..ops.signature import Signature
 from . import stats
 from .interpreter import OTHER, GraphProgram, LoweringError, signature

@@ -15,7 +15,7 @@ __all__ = ["register"]
 
 def register() -> None:
     """Register backend "pjrt" with torch.distributed and the functional collectives' lowerings. Idempotent."""
-    from ..ops import collectives  # noqa: F401  (registers the lowerings; see its docstring for why only now)
+    from . import collectives  # noqa: F401  (registers the functional collectives' lowerings)
     from . import backend
 
     backend.register()

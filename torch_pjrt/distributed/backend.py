@@ -24,7 +24,7 @@ from ..runtime import platform, storage
 from ..runtime import multiprocess
 from .host import HostWork, copy_back, to_host
 from .work import CollectiveError, PjrtWork, dispatch
-from ..ops.collectives import REDUCE_OPS
+from .collectives import REDUCE_OPS
 from .xla import GroupMesh
 
 BACKEND = "pjrt"

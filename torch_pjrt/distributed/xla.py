@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..ops.collectives import AXIS, BODIES
+from .collectives import AXIS, BODIES
 
 
 class GroupMesh:
@@ -45,7 +45,7 @@ class GroupMesh:
         return x.reshape(()) if scalar else x
 
     def run(self, name: str, x: jax.Array, fingerprint: tuple | None = None, **params):
-        """Run collective `name` (a key of ops.collectives.BODIES) on this rank's block `x`.
+        """Run collective `name` (a key of collectives.BODIES) on this rank's block `x`.
 
         Returns (this rank's result, None), or with a `fingerprint` (a tuple of ints that
         every rank's call must share) (result, every rank's fingerprint): the program first

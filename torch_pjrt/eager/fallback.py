@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from ..runtime import storage
+from . import decomposed
 
 _counts: collections.Counter = collections.Counter()
 _decomposed: collections.Counter = collections.Counter()
@@ -67,7 +68,10 @@ def run(op, *args, **kwargs):
         _decomposed[name] += 1
         _decomposing.add(op)
         try:
-            return decomposition(*args, **kwargs)
+            result = decomposed.run(op, decomposition, args, kwargs)  # one executable per signature
+            if result is not decomposed.NOT_TRACED:
+                return result
+            return decomposition(*args, **kwargs)  # op by op
         except Exception as e:  # noqa: BLE001  (a decomposition's own checks are not always CPU's)
             from .errors import as_torch_error
 

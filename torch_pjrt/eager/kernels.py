@@ -24,9 +24,9 @@ from ..runtime import index_checks as bounds, platform, storage
 from . import errors
 from ..runtime.build import load as _load_runtime
 from ..dtypes import TORCH_TO_JAX, to_jax, to_torch
-from ..ops.jitted import call_lowering, executable, hashable, static_positions
+from ..ops.call import OpCall, weak_scalar
 from ..ops.registry import LOWERINGS, Lowering
-from ..ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
+from ..ops.signature import TENSOR_LIST, Signature
 
 aten = torch.ops.aten
 _rt = _load_runtime()
@@ -59,28 +59,9 @@ def _operand(op, arg: str, t: torch.Tensor, device: int | None):
         _mismatch(op, f"pjrt:{device}", f"pjrt:{index}", arg)
     if t.dim() == 0 and t.is_cpu:  # CPU scalars mix with device tensors, as with CUDA
         if _rt.is_wrapped_number(t):
-            return _weak_scalar(t.item()), device  # a Python number the arg parser wrapped: promotes as a Scalar
+            return weak_scalar(t.item()), device  # a Python number the arg parser wrapped: promotes as a Scalar
         return jnp.asarray(t.item(), dtype=to_jax(t.dtype)), device
     _mismatch(op, f"pjrt:{device if device is not None else _rt.current_device()}", str(t.device), arg)
-
-
-_WEAK_SCALARS: dict = {}
-
-
-def _weak_scalar(value):
-    """A Python number as a cached weakly typed JAX scalar: passing the number itself to
-    an executable costs a host-to-device conversion on every call."""
-    key = (type(value), value)
-    array = _WEAK_SCALARS.get(key)
-    if array is None:
-        try:
-            array = jnp.asarray(value)
-        except OverflowError:  # beyond int64: let JAX report it in the op
-            return value
-        if len(_WEAK_SCALARS) > 4096:
-            _WEAK_SCALARS.clear()
-        _WEAK_SCALARS[key] = array
-    return array
 
 
 def _wrap(result, device: int):
@@ -97,17 +78,10 @@ class Kernel:
     def __init__(self, lowering: Lowering):
         self.op = lowering.op
         self.lowering = lowering
-        self.sig = sig = Signature.of(lowering.op)
-        self.run = executable(lowering, traced=_traced_call)
-        self.tensor_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
-        self.list_args = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
-        self.static_args = static_positions(lowering, sig)
-        self.scalar_args = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
-                                 if (k == SCALAR and i not in self.static_args) or n in lowering.traced)
-        self.scalar_list_args = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
-        self.device_arg = sig.names.index("device") if "device" in sig.names else None
-        self.generator_arg = sig.names.index("generator") if "generator" in sig.names else None
-        self.random = lowering.random or self.generator_arg is not None
+        self.call = call = OpCall.of(lowering)
+        self.sig = call.sig
+        self.run = call.executable(traced=_traced_call)
+        self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
 
@@ -127,10 +101,11 @@ class Kernel:
             raise error from error.__cause__
 
     def _compute(self, args: tuple, kwargs: dict):
-        values = self.sig.bind(args, kwargs)
+        call = self.call
+        values = call.bind(args, kwargs)
         device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
         names, op = self.sig.names, self.op
-        for i in self.tensor_args:
+        for i in call.tensors:
             t = values[i]
             if isinstance(t, torch.Tensor):
                 index = t.get_device()
@@ -139,7 +114,7 @@ class Kernel:
                     values[i], device = buf, index
                 else:
                     values[i], device = _operand(op, names[i], t, device)
-        for i in self.list_args:
+        for i in call.tensor_lists:
             if values[i] is not None:
                 arrays = []
                 for t in values[i]:
@@ -153,22 +128,12 @@ class Kernel:
             device = _rt.current_device()
         if self.index_probes is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
             bounds.check(op, self.index_probes, values, device)
-        for i in self.scalar_args:
-            if values[i].__class__ in (int, float, bool, complex):
-                values[i] = _weak_scalar(values[i])
-        for i in self.scalar_list_args:
-            values[i] = [_weak_scalar(v) for v in values[i]]
-        if self.random:
-            generator = values[self.generator_arg] if self.generator_arg is not None else None
+        seed = None
+        if call.random:
+            generator = values[call.generator] if call.generator is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))
-            if self.generator_arg is not None:
-                values[self.generator_arg] = seed
-            else:
-                values.append(seed)
-        for i in self.static_args:
-            if type(values[i]) is list:
-                values[i] = hashable(values[i])
-        if device != 0 and not (self.tensor_args or self.list_args):
+        call.prepare(values, seed)
+        if device != 0 and not (call.tensors or call.tensor_lists):
             with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
                 return self.run(*values), device
         return self.run(*values), device
@@ -179,43 +144,17 @@ class Kernel:
             return storage.wrap(result, device)
         return _wrap(result, device)
 
-    def fast_kinds(self) -> list[int] | None:
-        """Per argument, how the C++ kernel (runtime.cpp, FastKernel) passes it to the
-        executable; None when this op needs the Python kernel for every call (tensor
-        lists, randomness, bounds checks, a device argument, non-tensor returns)."""
-        if (self.list_args or self.scalar_list_args or self.random or self.index_probes is not None or self.host_indices
-                or self.device_arg is not None):
-            return None
-        if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):
-            return None
-        kinds = []
-        for i, (arg, kind) in enumerate(zip(self.op._schema.arguments, self.sig.kinds)):
-            if kind == TENSOR:
-                kinds.append(_FAST_TENSOR)
-            elif i in self.scalar_args:
-                kinds.append(_FAST_SCALAR)
-            else:
-                fast = _FAST_STATIC.get(str(arg.real_type).removeprefix("Optional[").removesuffix("]"))
-                if fast is None:
-                    return None
-                kinds.append(fast)
-        return kinds
 
 
-def _traced_call(lowering: Lowering, sig: Signature, *values):
+def _traced_call(call: OpCall, *values):
     """What an eager executable traces, once per signature: the op's meta kernel (torch's
     refusals, errors.py), the lowering, and its outputs laid out as the meta kernel lays
     them out (a channels_last input gives a channels_last output, as on CPU)."""
-    meta = errors.meta_check(lowering, sig, values)
-    return storage.laid_out(call_lowering(lowering, sig, *values), meta)
+    meta = errors.meta_check(call.lowering, call.sig, values)
+    return storage.laid_out(call.lower(*values), meta)
 
 
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
-# FastKernel's argument kinds (runtime.cpp, ArgKind), by schema type for static arguments.
-_FAST_TENSOR, _FAST_SCALAR = 0, 1
-_FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
-                "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,
-                "MemoryFormat": 5}
 
 
 def _check_castable(op, result_dtype, out: torch.Tensor):
@@ -432,7 +371,7 @@ def register(special: dict) -> None:
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
-    _rt.set_eager_helpers(_weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
+    _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
                           TORCH_TO_JAX)
     for op, kernel in kernels.items():
         _install(op, kernel)
@@ -449,9 +388,9 @@ def _install(op, kernel) -> None:
     """Register `kernel` as op's PrivateUse1 kernel, through the C++ fast path where it applies."""
     kinds = store = None
     if isinstance(kernel, Kernel):
-        kinds = kernel.fast_kinds()
+        kinds = kernel.call.fast_plan()
     elif isinstance(kernel, InplaceKernel) and not kernel.self_is_list:
-        kinds, store = kernel.functional.fast_kinds(), functools.partial(_store, op, resize=False)
+        kinds, store = kernel.functional.call.fast_plan(), functools.partial(_store, op, resize=False)
     namespace = op._schema.name.split("::")[0]
     if kinds is not None and not FAST_PATH_DISABLED:
         run = kernel.run if store is None else kernel.functional.run

@@ -16,6 +16,7 @@ The function body receives JAX arrays for Tensor arguments and Python values for
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Sequence
@@ -24,11 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch.utils._pytree import tree_map
 
 from ..runtime import storage
 from ..dtypes import to_jax, to_torch
-from ..ops.jitted import executable, prepare
-from ..ops.registry import Lowering
+from ..ops.call import OpCall
+from ..ops.registry import LOWERINGS, Lowering
 from ..ops.signature import TENSOR, TENSOR_LIST, Signature
 from . import autotune
 from . import platforms as targets
@@ -76,7 +78,7 @@ class Kernel:
         self.tensor_positions = tuple(i for i, k in enumerate(self.sig.kinds) if k == TENSOR)
         self._lib = torch.library.Library(name.split("::")[0], "FRAGMENT")  # keeps our impls alive
         _register_lowering(self.op, self._lower)
-        self._host_lowering = Lowering(self.op, self._lower_on_host, frozenset(), True, False, frozenset())
+        self._host_lowering = dataclasses.replace(LOWERINGS[self.op], fn=self._lower_on_host)
         self.custom_op.register_fake(self._fake)
         self.backward_op: torch._ops.OpOverload | None = None
         if backward is not None or reference is not None:
@@ -206,7 +208,7 @@ class Kernel:
         op = getattr(getattr(torch.ops, ns), f"{name}_backward").default
         self.backward_op = op
         _register_lowering(op, self._lower_backward)
-        host = Lowering(op, self._lower_backward_on_host, frozenset(), True, False, frozenset())
+        host = dataclasses.replace(LOWERINGS[op], fn=self._lower_backward_on_host)
         self._lib.impl(op._schema.name.split("::")[1], lambda *a, **k: _run_on_host(host, a, k), "CPU")
         torch.library.register_fake(op, self._fake_backward, lib=self._lib)
         self.custom_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
@@ -342,15 +344,9 @@ def _pjrt_device():
 
 def _run_on_host(host_lowering: Lowering, args: tuple, kwargs: dict):
     """A dispatcher call on CPU tensors: bind, move tensors to JAX's CPU device, run the cached executable."""
-    sig = Signature.of(host_lowering.op)
-    values = sig.bind(args, kwargs)
     device = targets.host_device()
-    for i, kind in enumerate(sig.kinds):
-        if kind == TENSOR and isinstance(values[i], torch.Tensor):
-            values[i] = _to_host_jax(values[i], device)
-        elif kind == TENSOR_LIST and values[i] is not None:
-            values[i] = [_to_host_jax(t, device) if isinstance(t, torch.Tensor) else t for t in values[i]]
-    return _to_torch(executable(host_lowering)(*prepare(host_lowering, sig, values)))
+    on_host = tree_map(lambda t: _to_host_jax(t, device) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+    return _to_torch(OpCall.of(host_lowering).run(*on_host))
 
 
 def _to_host_jax(t: torch.Tensor, device) -> jax.Array:

@@ -17,9 +17,9 @@ collectives in the same order) on CPU tensors over the graph's process group: th
 graph stays one executable, the collective itself is host-staged.
 
 Eager calls never come here: c10d's own kernels of these ops call the process group
-(torch_pjrt.distributed). That is also why this module is imported only after the eager
-kernels are registered (torch_pjrt.distributed.register): the eager kernel generator
-would otherwise register these non-aten ops as aten kernels.
+(torch_pjrt.distributed), which their entries say (`eager=`), so eager derives no kernel
+from them. The lowerings live here, in the distributed layer, because their host path
+calls torch.distributed; the op table itself stays pure.
 """
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ import torch
 import torch.distributed as dist
 from jax.experimental import io_callback
 
-from .registry import family
+from ..ops.registry import family
 
-lowering = family(not_paddable="a collective exchanges whole tensors between ranks at their exact shapes")
+lowering = family(not_paddable="a collective exchanges whole tensors between ranks at their exact shapes",
+                  eager="c10d's own kernels call the process group (torch_pjrt.distributed)")
 
 c10d = torch.ops._c10d_functional
 AXIS = "g"

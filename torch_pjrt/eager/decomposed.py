@@ -1,0 +1,160 @@
+"""An op the table lacks but torch can decompose, as one executable per signature.
+
+The first call of a signature (the op, its tensors' shapes, strides, dtypes and devices, its
+other arguments' values) traces torch's decomposition with make_fx over fake tensors,
+functionalized, into the ops the table has; the graph then runs through the compile path's
+interpreter (compiler/interpreter.py, GraphProgram) inside one `jax.jit`, so eager gets one
+executable, not one dispatch per sub-op. Written arguments get the graph's new values
+(storage.write), outputs the layout the trace gave them; a return that aliases an argument
+returns that argument.
+
+Where a signature cannot take this path (the decomposition needs a data-dependent shape,
+takes a generator, draws random numbers, or reaches an op neither lowered nor decomposable),
+`run` returns NOT_TRACED and fallback.py runs the decomposition op by op as before; an op
+whose argument values keep changing stops being traced after MAX_SIGNATURES (each would be
+a compile).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+
+import jax
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..ops.registry import LOWERINGS
+from ..runtime import platform, storage
+
+NOT_TRACED = object()
+MAX_SIGNATURES = 16
+
+_programs: dict = {}  # signature -> _Program, or None where the signature does not trace
+_signatures: collections.Counter = collections.Counter()  # op -> signatures traced
+
+
+def _signature(op, args, kwargs):
+    flat, spec = tree_flatten((args, kwargs))
+    key = []
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            key.append(("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad))
+        elif isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                            torch.memory_format)):
+            key.append((type(x), x))
+        else:
+            return None  # a generator, a SymInt, ...: not keyed here
+    storages = [x.untyped_storage()._cdata if isinstance(x, torch.Tensor) else None for x in flat]
+    aliasing = tuple(storages.index(s) if s is not None else None for s in storages)  # which inputs share storage
+    return op, str(spec), tuple(key), aliasing
+
+
+@functools.lru_cache(None)
+def _decompositions():
+    from torch._decomp import decomposition_table
+
+    return {op: d for op, d in decomposition_table.items() if op not in LOWERINGS}
+
+
+class _Program:
+    """One traced signature: the graph, its jitted function, where results go."""
+
+    def __init__(self, op, decomposition, args, kwargs):
+        from ..compiler.interpreter import GraphProgram
+
+        flat, self.in_spec = tree_flatten((args, kwargs))
+        self.tensor_positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+        statics = list(flat)
+
+        def graph_fn(*tensors):
+            values = list(statics)
+            for i, t in zip(self.tensor_positions, tensors):
+                values[i] = t
+            a, kw = tree_unflatten(values, self.in_spec)
+            return decomposition(*a, **kw)
+
+        tensors = [flat[i] for i in self.tensor_positions]
+        with torch._C._AutoDispatchBelowAutograd():
+            gm = make_fx(torch.func.functionalize(graph_fn, remove="mutations_and_views"),
+                         decomposition_table=_decompositions(), tracing_mode="fake")(*tensors)
+        self.program = program = GraphProgram(gm, tensors, f"decomposed {op}")
+        if program.random_nodes:
+            raise _NotTraceable("random")
+        self.out_spec = tree_flatten(program.output_args)[1]
+        outputs = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+                   for n in tree_flatten(program.output_args)[0]]
+        self.device = program.device
+        self.metas = [o for o in outputs if isinstance(o, torch.Tensor)]
+
+        def run(*inputs):
+            arrays, new_values = program.function((), program.constants, *inputs)
+            return storage.laid_out(tuple(arrays), self.metas), new_values
+
+        self.run = jax.jit(run)
+        # returns that alias an argument (op_ and out= overloads) return that argument
+        schema = op._schema
+        alias_of = {}
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                alias_of[next(iter(a.alias_info.before_set), None)] = i
+        self.returns_argument = [alias_of.get(next(iter(r.alias_info.before_set), None))
+                                 if r.alias_info is not None and r.alias_info.is_write else None
+                                 for r in schema.returns]
+        self.argument_names = [a.name for a in schema.arguments]
+
+    def __call__(self, args, kwargs):
+        flat, _ = tree_flatten((args, kwargs))
+        tensors = [flat[i] for i in self.tensor_positions]
+        inputs = [storage.read_lazily(t) if t.device.type == "pjrt" else storage.read(t) for t in tensors]
+        with jax.default_device(platform.device(self.device)):
+            arrays, new_values = self.run(*inputs)
+        for i, value in zip(self.program.mutated, new_values):
+            storage.write(tensors[i], value)
+        arrays = iter(arrays)
+        python = iter(self.program.python_outputs[_input_signature(inputs)])
+        outs = []
+        for node_value in python:
+            outs.append(storage.wrap(next(arrays), self.device) if node_value is None else node_value)
+        result = tree_unflatten(outs, self.out_spec)
+        if any(i is not None for i in self.returns_argument):
+            values = _bind(self.argument_names, args, kwargs)
+            results = list(result) if isinstance(result, (tuple, list)) else [result]
+            results = [values[i] if i is not None else r for i, r in zip(self.returns_argument, results)]
+            result = results[0] if len(results) == 1 else tuple(results)
+        return result
+
+
+class _NotTraceable(Exception):
+    pass
+
+
+def _input_signature(inputs):
+    from ..compiler.interpreter import signature
+
+    return signature(inputs)
+
+
+def _bind(names, args, kwargs) -> list:
+    values = list(args) + [kwargs.get(n) for n in names[len(args):]]
+    return values
+
+
+def run(op, decomposition, args, kwargs):
+    """The op as one executable for this signature, or NOT_TRACED."""
+    key = _signature(op, args, kwargs)
+    if key is None or any(a.name == "generator" for a in op._schema.arguments):
+        return NOT_TRACED
+    program = _programs.get(key, NOT_TRACED)
+    if program is NOT_TRACED:
+        if _signatures[op] >= MAX_SIGNATURES:
+            return NOT_TRACED
+        _signatures[op] += 1
+        try:
+            program = _Program(op, decomposition, args, kwargs)
+        except Exception:  # noqa: BLE001  (this signature runs op by op, which raises torch's own errors)
+            program = None
+        _programs[key] = program
+    if program is None:
+        return NOT_TRACED
+    return program(args, kwargs)

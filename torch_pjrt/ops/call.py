@@ -1,0 +1,163 @@
+"""How an op's lowering is called: one bound-call object serves every consumer.
+
+`OpCall.of(lowering)` reads the op's schema and traits once: which arguments are static for
+the executable (and must be hashable), which are traced Scalars (passed as weakly typed JAX
+scalars, so a new value does not recompile), where a random op's seed goes. Eager kernels,
+the graph interpreter, padded graphs, custom kernels' host path and the test harness all
+call lowerings through it, so none of them re-derives these rules; the C++ eager fast path
+receives its per-argument plan (`fast_plan`) from it too.
+
+`executable(traced)` is the op's cached XLA executable over schema-ordered values (JAX's
+jit keys shapes and dtypes; static positions key the rest). Tensor operands may arrive as
+storage views (anything with `resolve()`), read inside the executable, so a view costs no
+executable of its own.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .registry import Lowering
+from .signature import SCALAR, SCALAR_LIST, STATIC, TENSOR, TENSOR_LIST, Signature
+
+_WEAK_SCALARS: dict = {}
+
+
+def weak_scalar(value):
+    """A Python number as a cached weakly typed JAX scalar: passing the number itself to an
+    executable costs a host-to-device conversion on every call."""
+    if value.__class__ not in (int, float, bool, complex):
+        return value
+    key = (type(value), value)
+    array = _WEAK_SCALARS.get(key)
+    if array is None:
+        try:
+            array = jnp.asarray(value)
+        except OverflowError:  # beyond int64: let JAX report it in the op
+            return value
+        if len(_WEAK_SCALARS) > 4096:
+            _WEAK_SCALARS.clear()
+        _WEAK_SCALARS[key] = array
+    return array
+
+
+def hashable(v):
+    if isinstance(v, list):
+        return tuple(hashable(x) for x in v)
+    return v
+
+
+def _resolve(v):
+    if hasattr(v, "resolve"):
+        return v.resolve()
+    if type(v) is list:
+        return [x.resolve() if hasattr(x, "resolve") else x for x in v]
+    return v
+
+
+# How the C++ fast path (runtime/csrc, FastKernel) passes each argument to the executable.
+FAST_TENSOR, FAST_SCALAR = 0, 1
+_FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
+                "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,
+                "MemoryFormat": 5}
+
+
+class OpCall:
+    """The calling convention of one lowering (see registry.py for the contract)."""
+
+    def __init__(self, lowering: Lowering, op=None):
+        """`op`: the overload called, where it borrows another's lowering (a graph's
+        aten.uniform runs aten.uniform_'s); its schema binds the arguments."""
+        self.lowering = lowering
+        self.op = op = op if op is not None else lowering.op
+        self.sig = sig = Signature.of(op)
+        self.static = tuple(
+            i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
+            if (kind == STATIC and name != "generator" and name not in lowering.traced)
+            or (kind == SCALAR and name in lowering.static))
+        self.scalars = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
+                             if (k == SCALAR and i not in self.static) or n in lowering.traced)
+        self.scalar_lists = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
+        self.tensors = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
+        self.tensor_lists = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
+        self.generator = sig.names.index("generator") if "generator" in sig.names else None
+        self.random = lowering.random or self.generator is not None
+
+    @staticmethod
+    @functools.lru_cache(None)
+    def of(lowering: Lowering, op=None) -> "OpCall":
+        return OpCall(lowering, op)
+
+    # ------------------------------------------------------------------ values
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        return self.sig.bind(args, kwargs)
+
+    def prepare(self, values: list, seed=None) -> list:
+        """Bound values as the executable takes them: traced Scalars weak, the seed in place,
+        static lists hashable. Changes `values` in place and returns it."""
+        for i in self.scalars:
+            values[i] = weak_scalar(values[i])
+        for i in self.scalar_lists:
+            values[i] = [weak_scalar(v) for v in values[i]]
+        if self.random:
+            if self.generator is not None:
+                values[self.generator] = seed
+            else:
+                values.append(seed)
+        for i in self.static:
+            if type(values[i]) is list:
+                values[i] = hashable(values[i])
+        return values
+
+    def lower(self, *values):
+        """The lowering on prepared values (inside a trace)."""
+        values = [_resolve(v) for v in values]
+        pos, kw = self.sig.split(values[: len(self.sig.names)])
+        if len(values) > len(self.sig.names):  # the seed of a random op whose schema has no generator
+            kw["generator"] = values[-1]
+        return self.lowering.fn(*pos, **kw)
+
+    def __call__(self, args, kwargs, seed=None):
+        """A call inside a trace (a graph node): bind, prepare, lower."""
+        return self.lower(*self.prepare(self.bind(tuple(args), kwargs), seed))
+
+    # ------------------------------------------------------------------ executables
+    @functools.lru_cache(None)
+    def executable(self, traced=None):
+        """The jitted (or, for data-dependent ops, plain) callable taking prepared values.
+        `traced(call, *values)`, if given, is what the executable traces instead of `lower`
+        (a consumer's checks and output layouts around it)."""
+        if not self.lowering.jit:
+            return self.lower
+        fn = self.lower if traced is None else functools.partial(traced, self)
+        return jax.jit(fn, static_argnums=self.static)
+
+    def run(self, args: tuple, kwargs: dict, seed=None):
+        """Bind, prepare and run the cached executable on JAX values (the host path of
+        custom kernels, the test harness)."""
+        return self.executable()(*self.prepare(self.bind(args, kwargs), seed))
+
+    def fast_plan(self) -> list[int] | None:
+        """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
+        the Python kernel for every call (tensor lists, randomness, index checks, a device
+        argument, non-tensor returns)."""
+        lowering = self.lowering
+        if (self.tensor_lists or self.scalar_lists or self.random or lowering.index_probes is not None
+                or lowering.host_indices or "device" in self.sig.names):
+            return None
+        if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):
+            return None
+        plan = []
+        for i, (arg, kind) in enumerate(zip(self.op._schema.arguments, self.sig.kinds)):
+            if kind == TENSOR:
+                plan.append(FAST_TENSOR)
+            elif i in self.scalars:
+                plan.append(FAST_SCALAR)
+            else:
+                fast = _FAST_STATIC.get(str(arg.real_type).removeprefix("Optional[").removesuffix("]"))
+                if fast is None:
+                    return None
+                plan.append(fast)
+        return plan
