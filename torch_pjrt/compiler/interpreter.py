@@ -82,6 +82,14 @@ _PLUMBING = {
 }
 
 
+def _has_mask(node) -> bool:
+    """Whether a node's tensor arguments include a boolean (or uint8) mask, which makes an
+    indexing op's output shape depend on the data."""
+    flat = torch.utils._pytree.tree_flatten((node.args, node.kwargs))[0]
+    vals = [a.meta.get("val") for a in flat if isinstance(a, torch.fx.Node)]
+    return any(isinstance(v, torch.Tensor) and v.dtype in (torch.bool, torch.uint8) for v in vals)
+
+
 def _is_symbolic(v) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
@@ -136,7 +144,7 @@ class GraphProgram:
         if isinstance(target, OpOverload):
             lowering = find_lowering(target)
             if lowering is not None:
-                if not lowering.jit:
+                if not lowering.jit and not (lowering.jit_for_integer_indices and not _has_mask(node)):
                     raise self.error(node, "its output shape depends on tensor values (a data-dependent op), so it cannot "
                                            "run inside one executable; let Dynamo graph-break on it")
                 return _OpCall(target, lowering)

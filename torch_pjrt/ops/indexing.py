@@ -120,8 +120,9 @@ def _index_ints(self, indices):
     return self[_index_key(self.shape, indices)]
 
 
-@lowering(aten.index.Tensor, jit=False, index_probes=probes.advanced, host_indices=True)
-@lowering(aten._unsafe_index.Tensor, jit=False)
+@lowering(aten.index.Tensor, jit=False, index_probes=probes.advanced, host_indices=True,
+          jit_for_integer_indices=True)
+@lowering(aten._unsafe_index.Tensor, jit=False, jit_for_integer_indices=True)
 def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
@@ -167,8 +168,9 @@ def _index_put_mask(self, mask, where, values, accumulate):
     return jnp.where(m, full, self)
 
 
-@lowering(aten.index_put.default, jit=False, index_probes=probes.advanced, host_indices=True)
-@lowering(aten._unsafe_index_put.default, jit=False)
+@lowering(aten.index_put.default, jit=False, index_probes=probes.advanced, host_indices=True,
+          jit_for_integer_indices=True)
+@lowering(aten._unsafe_index_put.default, jit=False, jit_for_integer_indices=True)
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices)
     masks = [d for d, i in enumerate(indices) if _is_mask(i)]

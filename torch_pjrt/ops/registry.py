@@ -73,6 +73,7 @@ class Lowering:
     index_probes: Callable[[list], Iterator[Probe]] | None  # the index tensors eager checks, from the values
     host_indices: bool  # its index tensors may live on the CPU, as with CUDA (x_cuda[cpu_index])
     eager: str  # "": eager derives its kernels from it; else which kernel serves eager instead, and why
+    jit_for_integer_indices: bool = False  # jit=False only for boolean masks: with integer indices it traces
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -80,7 +81,8 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 
 def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
              traced: Iterable[str] = (), padding: Padding | None = None, not_paddable: str = "",
-             index_probes: Callable | None = None, host_indices: bool = False, eager: str = "") -> Callable:
+             index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
+             jit_for_integer_indices: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -98,7 +100,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             if pad is None and torch.Tag.pointwise in op.tags and not random:
                 pad = POINTWISE
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
-                                     "" if pad is not None else not_paddable, index_probes, host_indices, eager)
+                                     "" if pad is not None else not_paddable, index_probes, host_indices, eager,
+                                     jit_for_integer_indices)
         return fn
 
     return register

@@ -1,0 +1,47 @@
+"""Ops the table lacks run as torch's decomposition traced once per signature into one
+executable (torch_pjrt/eager/decomposed.py), with CPU's results, writes and aliasing."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+from torch_pjrt.eager import decomposed
+
+aten = torch.ops.aten
+
+
+def _traced(op) -> list:
+    return [p for key, p in decomposed._programs.items() if key[0] is op]
+
+
+def test_a_decomposed_op_is_one_traced_program_per_signature_with_cpu_results():
+    x = torch.randn(2, 8, 3, 3)
+    for _ in range(3):  # the same signature: traced once
+        torch.testing.assert_close(F.channel_shuffle(x.to("pjrt"), 4).cpu(), F.channel_shuffle(x, 4), rtol=0, atol=0)
+    programs = _traced(aten.channel_shuffle.default)
+    assert len(programs) == 1 and programs[0] is not None
+    y = torch.randn(1, 4, 2, 2)  # a new shape: a second signature
+    torch.testing.assert_close(F.channel_shuffle(y.to("pjrt"), 2).cpu(), F.channel_shuffle(y, 2), rtol=0, atol=0)
+    assert len(_traced(aten.channel_shuffle.default)) == 2
+    assert torch_pjrt.decomposed_ops()["aten.channel_shuffle.default"] >= 4
+
+
+def test_in_place_decomposition_writes_through_a_view_and_returns_self():
+    x = torch.arange(12).reshape(3, 4)
+    p = x.to("pjrt")
+    view = p[:, 1:]
+    assert view.__ilshift__(2) is view
+    x[:, 1:].__ilshift__(2)
+    assert p.cpu().tolist() == x.tolist()
+    assert all(prog is not None for prog in _traced(aten.__ilshift__.Scalar))
+
+
+def test_signatures_that_do_not_trace_run_op_by_op():
+    # out= with a resize: the functional graph cannot resize its input, so the
+    # decomposition runs op by op, with CPU's result and out's new shape
+    a, b = torch.randn(3), torch.randn(3)
+    out = torch.empty(0, dtype=torch.complex64, device="pjrt")
+    torch.complex(a.to("pjrt"), b.to("pjrt"), out=out)
+    torch.testing.assert_close(out.cpu(), torch.complex(a, b))
+    assert _traced(aten.complex.out) == [None]
