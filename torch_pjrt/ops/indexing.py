@@ -188,6 +188,14 @@ def index_put(self, indices, values, accumulate=False):
     return _index_put_jit(self, indices, values, accumulate)
 
 
+@lowering(aten._index_put_impl.default, jit=False, index_probes=probes.advanced, host_indices=True,
+          jit_for_integer_indices=True)
+def _index_put_impl(self, indices, values, accumulate=False, unsafe=False):
+    """index_put's implementation (advanced indexing's backward calls its in-place form);
+    `unsafe` only skips checks torch's CPU kernel makes anyway."""
+    return index_put(self, indices, values, accumulate)
+
+
 def _clamp_indices(self, indices):
     return [None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1) for d, i in enumerate(indices)]
 

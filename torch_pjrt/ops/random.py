@@ -158,3 +158,18 @@ def native_dropout(input, p, train, *, generator=None):
     keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape)
     scale = jnp.asarray(1.0 / (1.0 - p), input.dtype) if p < 1 else jnp.asarray(0.0, input.dtype)
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
+
+
+@lowering(aten.multinomial.default)
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    """Category indices drawn from each row of unnormalized non-negative weights: with
+    replacement as independent categorical draws, without as the top num_samples of
+    log-weights plus Gumbel noise (categories of weight 0 are never drawn). torch's checks
+    of the weights' values (negative, inf, NaN, all zero) are not made: they read the data."""
+    logits = jnp.log(self.astype(_float_dtype(self)))
+    k = key(generator)
+    if replacement:
+        draws = jax.random.categorical(k, logits, axis=-1, shape=(num_samples,) + logits.shape[:-1])
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    noisy = logits + jax.random.gumbel(k, logits.shape, logits.dtype)
+    return jax.lax.top_k(noisy, num_samples)[1].astype(jnp.int64)

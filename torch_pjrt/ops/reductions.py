@@ -674,19 +674,24 @@ def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
 
 @lowering(aten.histc.default)
 def histc(self, bins=100, min=0, max=0):  # noqa: A002
-    if not is_floating(self.dtype):
-        raise RuntimeError(f"\"histogram_cpu\" not implemented for '{np.dtype(self.dtype).name}'")
-    dt = np.dtype(jnp.float32) if is_low_precision(self.dtype) else np.dtype(self.dtype)
+    """Floats as torch's CPU kernel; integers as CUDA's (CPU refuses them, and transformers'
+    MoE routing calls histc on int32 on every accelerator): the bounds cast to the input's
+    type and bins found in integer arithmetic."""
+    integer = not is_floating(self.dtype)
+    if integer and self.dtype == jnp.bool_:
+        raise RuntimeError("\"histc\" not implemented for 'Bool'")
+    dt = np.dtype(jnp.int64) if integer else np.dtype(jnp.float32) if is_low_precision(self.dtype) else np.dtype(self.dtype)
     x = self.reshape(-1).astype(dt)
-    lo, hi = jnp.asarray(min, dt), jnp.asarray(max, dt)
-    data_lo = jnp.min(x, initial=jnp.inf) if x.size else jnp.zeros((), dt)
-    data_hi = jnp.max(x, initial=-jnp.inf) if x.size else jnp.zeros((), dt)
+    lo, hi = jnp.asarray(min).astype(dt), jnp.asarray(max).astype(dt)  # an integer input truncates them
+    data_lo = jnp.min(x) if x.size else jnp.zeros((), dt)
+    data_hi = jnp.max(x) if x.size else jnp.zeros((), dt)
     auto = lo == hi  # min == max: use the data's range
     lo, hi = jnp.where(auto, data_lo, lo), jnp.where(auto, data_hi, hi)
     flat = lo == hi  # a single value: widen by one on each side, as torch
     lo, hi = jnp.where(flat, lo - 1, lo), jnp.where(flat, hi + 1, hi)
     inside = (x >= lo) & (x <= hi)  # NaN is outside
-    pos = jnp.where(inside, ((x - lo) * bins / (hi - lo)), 0).astype(INT64)
+    scaled = ((x - lo) * bins) // (hi - lo) if integer else (x - lo) * bins / (hi - lo)
+    pos = jnp.where(inside, scaled, 0).astype(INT64)
     pos = jnp.clip(pos, 0, bins - 1)  # x == max falls in the last bin
     counts = jnp.zeros(bins, dt).at[pos].add(inside.astype(dt))
     return counts.astype(self.dtype)
