@@ -416,7 +416,8 @@ class _PythonScanner(ast.NodeVisitor):
             protected.update(inside)
             protected_uses.update(uses)
             checks = " and ".join(dict.fromkeys(self.findings[i].message for i in test))
-            shown = "; ".join(f"{what} (line {line})" for line, what, _ in sorted(reasons)[:3])
+            reasons.sort(key=lambda reason: reason[0])  # by line, in source order within one
+            shown = "; ".join(f"{what} (line {line})" for line, what, _ in reasons[:3])
             more = f"; {len(reasons) - 3} more" if len(reasons) > 3 else ""
             severity = max([s for _, _, s in reasons]
                            + [self.findings[i].severity for i in test], key=lambda s: s.rank)
@@ -683,7 +684,7 @@ def scan_python(text: str, path: str, cell: int | None = None) -> PythonScan:
     tree = ast.parse(text)
     scanner = _PythonScanner(text, path, cell)
     scanner.scan(tree)
-    findings = scanner.findings
+    findings = sorted(scanner.findings, key=lambda f: f.line)  # kept paths come last
     if Path(path).name == "setup.py":
         findings += _setup_py_requirements(tree, path)
     return PythonScan(findings, scanner.edits, scanner.packages_seen)
@@ -937,8 +938,8 @@ def summarize(report: AuditReport) -> list[CategorySummary]:
         found = [f for f in report.findings if f.category == category]
         if found:
             by_severity = {s: sum(f.severity is s for f in found) for s in Severity}
-            hours = sum(EFFORT_HOURS[f.severity] for f in found
-                        if f.effort_key is None or heads[f.effort_key] is f)
+            hours = sum((EFFORT_HOURS[f.severity] for f in found
+                         if f.effort_key is None or heads[f.effort_key] is f), 0.0)
             out.append(CategorySummary(category, len(found), by_severity, hours))
     return out
 
