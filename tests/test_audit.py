@@ -495,6 +495,26 @@ def test_guard_forms(source: str, guard_line: int) -> None:
     assert [line for line, category, _ in kept(source) if category == "cuda-only"] == [guard_line]
 
 
+def test_guard_through_a_flag_or_a_helper_keeps_its_definition() -> None:
+    source = (
+        "import torch\n"
+        "USE_CUDA = torch.cuda.is_available()\n"
+        "def has_gpu():\n"
+        "    return torch.cuda.device_count() > 0\n"
+        "if USE_CUDA:\n"
+        "    ext = torch.utils.cpp_extension.load_inline(name='k', cpp_sources='', cuda_sources=S)\n"
+        "if has_gpu():\n"
+        "    torch.cuda.synchronize()\n"
+    )
+    # USE_CUDA stays a CUDA check; has_gpu() guards portable code, so it moves
+    assert fixed(source) == source.replace("cuda.device_count", "accelerator.device_count"
+                                           ).replace("cuda.synchronize", "accelerator.synchronize")
+    assert kept(source)[:2] == [
+        (4, "torch.cuda", "torch.cuda.device_count"),
+        (5, "cuda-only", "torch.cuda.is_available (through USE_CUDA) guards code that needs "
+                         "CUDA: load_inline with cuda_sources builds a CUDA extension (line 6)")]
+
+
 def test_guard_over_portable_code_is_rewritten_and_nesting_is_innermost_first() -> None:
     source = (
         "import torch\n"

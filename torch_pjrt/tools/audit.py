@@ -191,11 +191,15 @@ class _Guard:
     """An `if` (or `a if test else b`) and the code that runs only when its test holds."""
 
     line: int
-    test: Span
+    test: tuple[Span, ...]  # the test, and the values of the flags and helpers it calls
     guarded: tuple[Span, ...]
+    flags: tuple[str, ...]  # those flags and helpers
 
     def covers(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.guarded)
+
+    def tests(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.test)
 
     @property
     def size(self) -> int:
@@ -214,6 +218,19 @@ class _Use:
 def _at_least_simple(severity: Severity) -> Severity:
     """Findings left as written cost at least a simple edit."""
     return max(severity, Severity.SIMPLE_EDIT, key=lambda s: s.rank)
+
+
+def _test_operands(test: ast.expr) -> Iterator[str]:
+    """Flags and helpers a test consists of: `use_cuda`, `has_gpu()`, `not x and self.y`."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        yield from _test_operands(test.operand)
+    elif isinstance(test, ast.BoolOp):
+        for value in test.values:
+            yield from _test_operands(value)
+    elif isinstance(test, ast.Call) and not test.args:
+        yield from _test_operands(test.func)
+    elif (name := _target_name(test)) is not None:
+        yield name
 
 
 def _negated(test: ast.expr) -> bool:
@@ -261,6 +278,7 @@ class _PythonScanner(ast.NodeVisitor):
         self.uses: list[_Use] = []
         self.guards: list[_Guard] = []
         self.following: dict[int, list[ast.stmt]] = {}  # id of an `if` -> statements after it
+        self.flag_values: dict[str, list[Span]] = {}  # a variable's or helper's values
 
     # -- bookkeeping
 
@@ -283,26 +301,36 @@ class _PythonScanner(ast.NodeVisitor):
                         self.torch_alias = alias.asname
                     elif alias.name.split(".")[0] == "torch" and not alias.asname:
                         self.torch_alias = "torch"
-        self.bind_cuda_only_names(tree)
+        self.index(tree)
         self.visit(tree)
         self.keep_cuda_only_paths()
         self.edits = [self.edit_of[i] for i in sorted(self.edit_of)]
         if self.edits and self.torch_alias is None:
             self.edits.append(self._import_torch_edit(tree))
 
-    def bind_cuda_only_names(self, tree: ast.Module) -> None:
-        """Names whose use needs CUDA: imports from CUDA-only packages, CUDA extensions built
-        by load/load_inline; and, for guards, the statements that follow each `if`."""
+    def index(self, tree: ast.Module) -> None:
+        """What guards need before the visit: names whose use needs CUDA (imports from
+        CUDA-only packages, CUDA extensions built by load/load_inline), the values of each
+        variable and helper function (`use_cuda = torch.cuda.is_available()`), and the
+        statements that follow each `if`."""
         for name, target in self.aliases.items():
             package = package_for_import(target)
             if package is not None and not package.works_without_cuda:
                 self.cuda_only_names[name] = package.name
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                    and self.cuda_extension_build(node.value)):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    name = _target_name(target)
+                    if name is not None:
+                        self.flag_values.setdefault(name, []).append(self.text.span(node.value))
+                    if (isinstance(target, ast.Name) and isinstance(node.value, ast.Call)
+                            and self.cuda_extension_build(node.value)):
                         self.cuda_only_names[target.id] = "a CUDA extension"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.flag_values.setdefault(node.name, []).extend(
+                    self.text.span(r.value) for r in ast.walk(node)
+                    if isinstance(r, ast.Return) and r.value is not None)
             for block in ("body", "orelse", "finalbody"):
                 statements = getattr(node, block, None)
                 if isinstance(statements, list):
@@ -367,8 +395,12 @@ class _PythonScanner(ast.NodeVisitor):
                 guarded.append(list(self.following.get(id(node), [])))
         spans = tuple((self.text.span(b[0])[0], self.text.span(b[-1])[1])
                       for b in guarded if b)
+        # `if use_cuda:` tests what `use_cuda = torch.cuda.is_available()` assigned
+        flags = tuple(name for name in _test_operands(node.test) if name in self.flag_values)
+        test = [self.text.span(node.test)]
+        test += [span for name in flags for span in self.flag_values[name]]
         if spans:
-            self.guards.append(_Guard(node.lineno, self.text.span(node.test), spans))
+            self.guards.append(_Guard(node.lineno, tuple(test), spans, flags))
 
     def visit_If(self, node: ast.If) -> None:
         self.guard(node, node.body, node.orelse)
@@ -389,8 +421,9 @@ class _PythonScanner(ast.NodeVisitor):
         dropped: set[int] = set()  # findings of kept guards' tests, replaced by one
         for guard in sorted(self.guards, key=lambda g: g.size):
             settled = dropped | protected
+            # a flag kept by another guard still makes this one a guard
             test = [i for i, (start, _) in enumerate(self.spans)
-                    if guard.test[0] <= start < guard.test[1] and i not in settled]
+                    if guard.tests(start) and i not in protected]
             inside = [i for i, (start, _) in enumerate(self.spans)
                       if guard.covers(start) and i not in settled]
             uses = [n for n, use in enumerate(self.uses)
@@ -416,13 +449,18 @@ class _PythonScanner(ast.NodeVisitor):
             protected.update(inside)
             protected_uses.update(uses)
             checks = " and ".join(dict.fromkeys(self.findings[i].message for i in test))
+            through = [name for name in guard.flags if any(
+                start <= self.spans[i][0] < end for i in test
+                for start, end in self.flag_values[name])]
+            if through:
+                checks += f" (through {', '.join(through)})"
             reasons.sort(key=lambda reason: reason[0])  # by line, in source order within one
             shown = "; ".join(f"{what} (line {line})" for line, what, _ in reasons[:3])
             more = f"; {len(reasons) - 3} more" if len(reasons) > 3 else ""
             severity = max([s for _, _, s in reasons]
                            + [self.findings[i].severity for i in test], key=lambda s: s.rank)
             protected.add(len(self.findings))
-            self.spans.append(guard.test)
+            self.spans.append(guard.test[0])
             self.findings.append(Finding(
                 self.path, guard.line, "cuda-only", _at_least_simple(severity),
                 f"{checks} guards code that needs CUDA: {shown}{more}",
@@ -524,7 +562,7 @@ class _PythonScanner(ast.NodeVisitor):
                 self.add(operand, "device-check", Severity.SIMPLE_EDIT,
                          f"compares a device with {value!r}",
                          f"compare with {self.accelerator}, "
-                         "or test device.type != 'cpu'")
+                         "or test device.type != 'cpu'", works_without_cuda=True)
         self.generic_visit(node)
 
     # -- calls
