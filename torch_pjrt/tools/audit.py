@@ -301,14 +301,14 @@ class _PythonScanner(ast.NodeVisitor):
                         self.torch_alias = alias.asname
                     elif alias.name.split(".")[0] == "torch" and not alias.asname:
                         self.torch_alias = "torch"
-        self.index(tree)
+        self.index_tree(tree)
         self.visit(tree)
         self.keep_cuda_only_paths()
         self.edits = [self.edit_of[i] for i in sorted(self.edit_of)]
         if self.edits and self.torch_alias is None:
             self.edits.append(self._import_torch_edit(tree))
 
-    def index(self, tree: ast.Module) -> None:
+    def index_tree(self, tree: ast.Module) -> None:
         """What guards need before the visit: names whose use needs CUDA (imports from
         CUDA-only packages, CUDA extensions built by load/load_inline), the values of each
         variable and helper function (`use_cuda = torch.cuda.is_available()`), and the
