@@ -369,8 +369,15 @@ def test_fix_diff_of_the_small_project_is_exact(capsys: pytest.CaptureFixture[st
 DEVICE_ENVIRONMENTS = {"cpu": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, "pjrt": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}}
 
 
+def device_environment(device: str) -> dict[str, str]:
+    """The environment of a subprocess that runs a project on `device`, with torch_pjrt
+    imported from this checkout."""
+    pythonpath = os.pathsep.join(filter(None, [str(TREE), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **DEVICE_ENVIRONMENTS[device], "PYTHONPATH": pythonpath}
+
+
 def run_project_tests(project: Path, device: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **DEVICE_ENVIRONMENTS[device], "TINYNET_EXPECT_DEVICE": device}
+    env = {**device_environment(device), "TINYNET_EXPECT_DEVICE": device}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "test_tinynet.py"], cwd=project, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -381,7 +388,7 @@ def accelerator_without_pjrt() -> str:
     build, "cuda" for a CUDA build even on a machine with no GPU (torch reports the compiled-in
     accelerator, not an available one)."""
     return subprocess.run([sys.executable, "-c", "import torch; print(torch.accelerator.current_accelerator())"],
-                          env={**os.environ, **DEVICE_ENVIRONMENTS["cpu"]}, capture_output=True, text=True,
+                          env=device_environment("cpu"), capture_output=True, text=True,
                           timeout=300, check=True).stdout.strip()
 
 
@@ -587,9 +594,8 @@ def git(repo: Path, *args: str) -> str:
 
 
 def run_entry_script(project: Path, device: str) -> subprocess.CompletedProcess[str]:
-    pythonpath = os.pathsep.join([str(TREE), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, **DEVICE_ENVIRONMENTS[device], "PYTHONPATH": pythonpath}
-    return subprocess.run([sys.executable, "train.py", "3"], cwd=project, env=env,
+    return subprocess.run([sys.executable, "train.py", "3"], cwd=project,
+                          env=device_environment(device),
                           capture_output=True, text=True, timeout=300)
 
 
