@@ -20,6 +20,8 @@ from torch_pjrt.tools.audit_rules import CUDA_APIS, Severity, lookup_api
 FIXTURES = Path(__file__).parent / "fixtures" / "audit"
 REPO = FIXTURES / "cuda_train_repo"
 SMALL = FIXTURES / "small_project"
+KERNEL = FIXTURES / "cuda_kernel_project"
+TREE = Path(__file__).resolve().parents[1]  # this checkout: subprocesses import torch_pjrt from it
 
 # Each line was checked by hand against the fixture: (location, category, severity, message).
 REPO_FINDINGS = [
@@ -27,8 +29,8 @@ REPO_FINDINGS = [
     ('csrc/fused_bias_gelu_kernel.cu:1', 'custom-extension', 'needs a port', 'CUDA source (1 __global__ kernel)'),
     ('model/attention.py:12', 'third-party', 'simple edit', 'imports flash-attn'),
     ('model/attention.py:18', 'third-party', 'simple edit', 'imports xformers'),
-    ('model/attention.py:34', 'device-check', 'simple edit', '.is_cuda'),
-    ('model/attention.py:36', 'device-check', 'simple edit', "compares a device with 'cuda'"),
+    ('model/attention.py:34', 'cuda-only', 'simple edit', '.is_cuda guards code that needs CUDA: flash_attn_func (flash-attn) (line 35)'),
+    ('model/attention.py:36', 'cuda-only', 'simple edit', "compares a device with 'cuda' guards code that needs CUDA: xops.memory_efficient_attention (xformers) (line 37); xops.LowerTriangularMask (xformers) (line 37)"),
     ('model/kernels.py:2', 'triton', 'needs a port', 'imports Triton'),
     ('model/kernels.py:6', 'triton', 'needs a port', 'Triton kernel `softmax_kernel`'),
     ('model/layers.py:3', 'third-party', 'simple edit', 'imports apex.normalization'),
@@ -43,9 +45,9 @@ REPO_FINDINGS = [
     ('notebooks/explore.ipynb[cell 5]:2', 'torch.cuda', 'simple edit', 'torch.cuda.memory_summary'),
     ('pyproject.toml:6', 'third-party', 'simple edit', 'requires xformers'),
     ('pyproject.toml:7', 'triton', 'needs a port', 'requires triton'),
-    ('pyproject.toml:11', 'third-party', 'needs a port', 'requires deepspeed'),
-    ('requirements-dev.txt:3', 'cuda-library', 'needs a port', 'requires cupy-cuda12x'),
-    ('requirements-dev.txt:4', 'third-party', 'no equivalent', 'requires nvidia-ml-py'),
+    ('pyproject.toml:11', 'third-party', 'simple edit', 'requires deepspeed, never imported'),
+    ('requirements-dev.txt:3', 'cuda-library', 'simple edit', 'requires cupy-cuda12x, never imported'),
+    ('requirements-dev.txt:4', 'third-party', 'simple edit', 'requires nvidia-ml-py, never imported'),
     ('requirements.txt:2', 'cuda-wheels', 'simple edit', 'CUDA wheel index https://download.pytorch.org/whl/cu118'),
     ('requirements.txt:3', 'cuda-wheels', 'simple edit', 'torch==2.1.0+cu118 is a CUDA build'),
     ('requirements.txt:5', 'third-party', 'simple edit', 'requires flash-attn'),
@@ -58,21 +60,21 @@ REPO_FINDINGS = [
     ('train.py:26', 'device', 'simple edit', "command-line default 'cuda'"),
     ('train.py:35', 'device', 'automatic', '.cuda()'),
     ('train.py:38', 'amp', 'simple edit', 'torch.cuda.amp.GradScaler'),
-    ('train.py:40', 'pinned-memory', 'simple edit', 'pin_memory=True assumes a CUDA host allocator'),
     ('train.py:43', 'device', 'automatic', "device 'cuda'"),
     ('train.py:44', 'amp', 'simple edit', 'torch.cuda.amp.autocast'),
     ('train.py:51', 'torch.cuda', 'automatic', 'torch.cuda.synchronize'),
     ('train.py:52', 'torch.cuda', 'automatic', 'torch.cuda.max_memory_allocated'),
     ('train.py:57', 'device', 'simple edit', "device 'cuda:0'"),
+    ('utils/dist.py:11', 'cuda-only', 'simple edit', 'torch.distributed.is_nccl_available guards code that needs CUDA: NCCL process group backend (line 11)'),
     ('utils/dist.py:11', 'distributed', 'simple edit', 'NCCL process group backend'),
-    ('utils/dist.py:11', 'distributed', 'simple edit', 'torch.distributed.is_nccl_available'),
     ('utils/dist.py:13', 'torch.cuda', 'automatic', 'torch.cuda.set_device'),
     ('utils/dist.py:14', 'torch.cuda', 'simple edit', 'torch.cuda.manual_seed_all'),
     ('utils/dist.py:19', 'device', 'simple edit', 'device string f"cuda:{rank}"'),
     ('utils/dist.py:23', 'distributed', 'simple edit', 'NCCL process group backend'),
-    ('utils/dist.py:29', 'torch.cuda', 'automatic', 'torch.cuda.is_available'),
-    ('utils/dist.py:30', 'torch.cuda', 'automatic', 'torch.cuda.device_count'),
+    ('utils/dist.py:29', 'cuda-only', 'simple edit', 'torch.cuda.is_available guards code that needs CUDA: torch.cuda.get_device_name (line 30)'),
+    ('utils/dist.py:30', 'torch.cuda', 'simple edit', 'torch.cuda.device_count'),
     ('utils/dist.py:30', 'torch.cuda', 'simple edit', 'torch.cuda.get_device_name'),
+    ('utils/env.py:21', 'cuda-tools', 'simple edit', 'runs nvcc'),
     ('utils/env.py:40', 'device-check', 'simple edit', "compares a device with 'cuda'"),
     ('utils/profiling.py:3', 'nvtx', 'simple edit', 'imports NVTX'),
     ('utils/profiling.py:9', 'nvtx', 'simple edit', 'torch.cuda.nvtx.range_push'),
@@ -81,10 +83,32 @@ REPO_FINDINGS = [
     ('utils/profiling.py:19', 'torch.cuda', 'simple edit', 'torch.cuda.Event'),
     ('utils/profiling.py:24', 'torch.cuda', 'automatic', 'torch.cuda.synchronize'),
     ('utils/profiling.py:30', 'device', 'automatic', '.cuda()'),
-    ('utils/profiling.py:30', 'pinned-memory', 'simple edit', '.pin_memory() assumes CUDA'),
     ('utils/profiling.py:31', 'cuda-graphs', 'needs a port', 'torch.cuda.CUDAGraph'),
     ('utils/profiling.py:32', 'cuda-graphs', 'needs a port', 'torch.cuda.graph'),
     ('utils/profiling.py:43', 'cuda-graphs', 'needs a port', 'torch.cuda.make_graphed_callables'),
+]
+
+# A project whose CUDA kernel and nvidia-smi call sit behind guards that --fix must keep.
+KERNEL_FINDINGS = [
+    ('gpu_info.py:8', 'cuda-only', 'simple edit', 'torch.cuda.is_available guards code that needs CUDA: torch.cuda.get_device_properties (line 10); runs nvidia-smi (line 11)'),
+    ('gpu_info.py:10', 'torch.cuda', 'simple edit', 'torch.cuda.get_device_properties'),
+    ('gpu_info.py:11', 'cuda-tools', 'simple edit', 'runs nvidia-smi'),
+    ('gpu_info.py:17', 'torch.cuda', 'automatic', 'torch.cuda.is_available'),
+    ('gpu_info.py:17', 'torch.cuda', 'automatic', 'torch.cuda.max_memory_allocated'),
+    ('kernels.py:18', 'cuda-only', 'needs a port', 'torch.cuda.is_available guards code that needs CUDA: load_inline with cuda_sources builds a CUDA extension (line 19)'),
+    ('kernels.py:19', 'custom-extension', 'needs a port', 'load_inline with cuda_sources builds a CUDA extension'),
+    ('kernels.py:26', 'cuda-only', 'simple edit', '.is_cuda guards code that needs CUDA: _ext.fused_scale (a CUDA extension) (line 27)'),
+    ('requirements.txt:2', 'third-party', 'simple edit', 'requires pynvml, never imported'),
+    ('train.py:14', 'backend-flags', 'simple edit', 'torch.backends.cudnn.benchmark'),
+    ('train.py:15', 'backend-flags', 'simple edit', 'torch.backends.cuda.matmul.allow_tf32'),
+    ('train.py:17', 'device', 'automatic', "device 'cuda'"),
+    ('train.py:25', 'amp', 'simple edit', 'torch.cuda.amp.GradScaler'),
+    ('train.py:25', 'torch.cuda', 'automatic', 'torch.cuda.is_available'),
+    ('train.py:26', 'device', 'automatic', '.cuda()'),
+    ('train.py:30', 'amp', 'simple edit', 'torch.cuda.amp.autocast'),
+    ('train.py:30', 'torch.cuda', 'automatic', 'torch.cuda.is_available'),
+    ('train.py:37', 'torch.cuda', 'automatic', 'torch.cuda.is_available'),
+    ('train.py:38', 'torch.cuda', 'automatic', 'torch.cuda.synchronize'),
 ]
 
 SMALL_FINDINGS = [
@@ -115,6 +139,10 @@ def test_small_project_findings_are_exact() -> None:
     assert rows(SMALL) == SMALL_FINDINGS
 
 
+def test_cuda_kernel_project_findings_are_exact() -> None:
+    assert rows(KERNEL) == KERNEL_FINDINGS
+
+
 def test_every_file_of_the_repo_is_scanned() -> None:
     report = audit(REPO)
     # 10 .py (3 __init__/empty included), 1 notebook, 2 requirements, pyproject, .cu, .cpp
@@ -122,9 +150,9 @@ def test_every_file_of_the_repo_is_scanned() -> None:
     assert report.skipped == []
 
 
-def test_traps_file_has_only_its_one_real_finding() -> None:
+def test_traps_file_has_only_its_real_findings() -> None:
     found = [f for f in audit(REPO).findings if f.path == "utils/env.py"]
-    assert [(f.line, f.category) for f in found] == [(40, "device-check")]
+    assert [(f.line, f.category) for f in found] == [(21, "cuda-tools"), (40, "device-check")]
 
 
 def findings(source: str) -> list[tuple[int, str, str]]:
@@ -141,6 +169,9 @@ def fixed(source: str) -> str:
     'cuda_version = "12.1"\nname = "cuda"\nbackends = ["cuda", "cpu"]\n',
     'print("cuda")\nlog.info("moving to cuda:0")\nd = {"cuda": 1}\n',
     'if backend == "cuda":\n    pass\n',
+    # pinned memory is the current accelerator's (pjrt's too); without one DataLoader skips it
+    'loader = DataLoader(ds, pin_memory=True)\nx = t.pin_memory()\n',
+    'import subprocess\nsubprocess.run(["ls", "nvidia-smi"])\nprint("nvidia-smi")\n',
     'def cuda_toolkit(kind="cuda"):\n    return kind\n',
     'import torch\nv = torch.version.cuda\nok = torch.backends.mps.is_available()\n',
     'x = obj.cuda_graphs_enabled\ny = torch.device("cpu")\nz = t.to("cpu")\n',
@@ -209,7 +240,7 @@ def test_libraries_and_kernels() -> None:
         "@triton.jit\ndef k(x):\n    pass\n"
         "import torch.distributed as dist\n"
         'dist.init_process_group("nccl")\n'
-        "loader = DataLoader(ds, pin_memory=True)\n"
+        "import subprocess, os\n"
         "import torch\n"
         "torch.cuda.nvtx.range_push('x')\n"
         "g = torch.cuda.CUDAGraph()\n"
@@ -223,7 +254,7 @@ def test_libraries_and_kernels() -> None:
         (6, "third-party", "simple edit"), (7, "third-party", "needs a port"),
         (8, "third-party", "no equivalent"), (9, "cuda-library", "needs a port"),
         (12, "triton", "needs a port"), (16, "distributed", "simple edit"),
-        (17, "pinned-memory", "simple edit"), (19, "nvtx", "simple edit"),
+        (19, "nvtx", "simple edit"),
         (20, "cuda-graphs", "needs a port"), (21, "amp", "simple edit"),
         (22, "amp", "simple edit"), (24, "backend-flags", "simple edit"),
     ]
@@ -338,8 +369,15 @@ def test_fix_diff_of_the_small_project_is_exact(capsys: pytest.CaptureFixture[st
 DEVICE_ENVIRONMENTS = {"cpu": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, "pjrt": {"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}}
 
 
+def device_environment(device: str) -> dict[str, str]:
+    """The environment of a subprocess that runs a project on `device`, with torch_pjrt
+    imported from this checkout."""
+    pythonpath = os.pathsep.join(filter(None, [str(TREE), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **DEVICE_ENVIRONMENTS[device], "PYTHONPATH": pythonpath}
+
+
 def run_project_tests(project: Path, device: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **DEVICE_ENVIRONMENTS[device], "TINYNET_EXPECT_DEVICE": device}
+    env = {**device_environment(device), "TINYNET_EXPECT_DEVICE": device}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "test_tinynet.py"], cwd=project, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -350,7 +388,7 @@ def accelerator_without_pjrt() -> str:
     build, "cuda" for a CUDA build even on a machine with no GPU (torch reports the compiled-in
     accelerator, not an available one)."""
     return subprocess.run([sys.executable, "-c", "import torch; print(torch.accelerator.current_accelerator())"],
-                          env={**os.environ, **DEVICE_ENVIRONMENTS["cpu"]}, capture_output=True, text=True,
+                          env=device_environment("cpu"), capture_output=True, text=True,
                           timeout=300, check=True).stdout.strip()
 
 
@@ -393,12 +431,14 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
         ("csrc/fused_bias_gelu_kernel.cu", None, 1, "custom-extension", "needs a port")]
     by_category = {s["category"]: s for s in data["summary"]}
     assert by_category["torch.cuda"]["by_severity"] == {
-        "automatic": 7, "simple edit": 6, "needs a port": 0, "no equivalent": 0}
-    assert by_category["torch.cuda"]["effort_hours"] == 6 * 0.25  # automatic ones cost nothing
+        "automatic": 5, "simple edit": 7, "needs a port": 0, "no equivalent": 0}
+    # automatic ones cost nothing; utils/dist.py:30's two share their CUDA-only path's effort
+    assert by_category["torch.cuda"]["effort_hours"] == 6 * 0.25
     # a package counts once: flash-attn, xformers, apex.normalization (simple edits),
-    # bitsandbytes, DeepSpeed, apex (ports), nvidia-ml-py (no equivalent)
-    assert by_category["third-party"]["effort_hours"] == 0.25 * 3 + 8 * 3 + 16
-    assert [f["package"] for f in data["findings"] if f["path"] == "requirements.txt"] == [
+    # bitsandbytes, apex (ports); DeepSpeed and nvidia-ml-py are required but never
+    # imported: removing the requirement is a simple edit
+    assert by_category["third-party"]["effort_hours"] == 0.25 * 3 + 8 * 2 + 0.25 * 2
+    assert [f["effort_key"] for f in data["findings"] if f["path"] == "requirements.txt"] == [
         None, None, "flash-attn", "apex", "bitsandbytes"]
     assert data["effort_hours"] == sum(s["effort_hours"] for s in data["summary"])
     assert sum(s["findings"] for s in data["summary"]) == len(REPO_FINDINGS)
@@ -407,7 +447,7 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_markdown_output() -> None:
     text = to_markdown(audit(REPO))
     assert text.startswith("# CUDA lock-in audit of `cuda_train_repo`\n")
-    assert f"{len(REPO_FINDINGS)} findings in 16 files scanned; 11 can be rewritten" in text
+    assert f"{len(REPO_FINDINGS)} findings in 16 files scanned; 9 can be rewritten" in text
     assert "| custom-extension | 5 | 0 | 0 | 5 | 0 | 5.0 days |" in text
     assert "| `notebooks/explore.ipynb[cell 3]:4` | device | automatic |" in text
     assert [s.category for s in summarize(audit(REPO))][:3] == ["device", "device-check",
@@ -420,4 +460,167 @@ def test_table_output_and_fail_on(capsys: pytest.CaptureFixture[str]) -> None:
     assert "12 findings in 4 files; 9 fixable with --fix" in out
     assert main(["audit", str(SMALL), "--fail-on", "simple-edit"]) == 1
     assert main(["audit", str(SMALL), "--fail-on", "needs-port"]) == 0
-    assert main(["audit", str(REPO), "--fail-on", "no-equivalent", "--json"]) == 1
+    assert main(["audit", str(REPO), "--fail-on", "needs-port", "--json"]) == 1
+    assert main(["audit", str(REPO), "--fail-on", "no-equivalent", "--json"]) == 0
+
+
+def kept(source: str) -> list[tuple[int, str, str]]:
+    """The findings of `source` as (line, category, message) and whether --fix changes it."""
+    return [(f.line, f.category, f.message) for f in scan_python(source, "x.py").findings]
+
+
+def test_guard_over_code_that_needs_cuda_is_kept() -> None:
+    source = (
+        "import torch\n"
+        "from torch.utils.cpp_extension import load_inline\n"
+        "if torch.cuda.is_available():\n"
+        "    ext = load_inline(name='k', cpp_sources='', cuda_sources=SRC)\n"
+        "def f(x):\n"
+        "    if x.is_cuda:\n"
+        "        return ext.k(x)\n"
+        "    return x\n"
+    )
+    assert fixed(source) == source  # neither guard flips: pjrt would run the CUDA path
+    assert kept(source) == [
+        (3, "cuda-only", "torch.cuda.is_available guards code that needs CUDA: "
+                         "load_inline with cuda_sources builds a CUDA extension (line 4)"),
+        (4, "custom-extension", "load_inline with cuda_sources builds a CUDA extension"),
+        (6, "cuda-only", ".is_cuda guards code that needs CUDA: ext.k (a CUDA extension) (line 7)"),
+    ]
+
+
+@pytest.mark.parametrize("source, guard_line", [
+    # the CUDA-only code after an early exit is what the negated test guards
+    ("import torch, subprocess\ndef mem():\n    if not torch.cuda.is_available():\n"
+     "        return 0\n    return subprocess.check_output('nvidia-smi -q', shell=True)\n", 3),
+    ('import torch\ndef name(x):\n    if x.device.type != "cuda":\n        return "cpu"\n'
+     "    else:\n        return torch.cuda.get_device_name(0)\n", 3),
+    ('import torch\ndevice = "cuda:1" if torch.cuda.device_count() > 1 else "cpu"\n', 2),
+])
+def test_guard_forms(source: str, guard_line: int) -> None:
+    assert fixed(source) == source
+    assert [line for line, category, _ in kept(source) if category == "cuda-only"] == [guard_line]
+
+
+def test_guard_through_a_flag_or_a_helper_keeps_its_definition() -> None:
+    source = (
+        "import torch\n"
+        "USE_CUDA = torch.cuda.is_available()\n"
+        "def has_gpu():\n"
+        "    return torch.cuda.device_count() > 0\n"
+        "if USE_CUDA:\n"
+        "    ext = torch.utils.cpp_extension.load_inline(name='k', cpp_sources='', cuda_sources=S)\n"
+        "if has_gpu():\n"
+        "    torch.cuda.synchronize()\n"
+    )
+    # USE_CUDA stays a CUDA check; has_gpu() guards portable code, so it moves
+    assert fixed(source) == source.replace("cuda.device_count", "accelerator.device_count"
+                                           ).replace("cuda.synchronize", "accelerator.synchronize")
+    assert kept(source)[:2] == [
+        (4, "torch.cuda", "torch.cuda.device_count"),
+        (5, "cuda-only", "torch.cuda.is_available (through USE_CUDA) guards code that needs "
+                         "CUDA: load_inline with cuda_sources builds a CUDA extension (line 6)")]
+
+
+def test_guard_over_portable_code_is_rewritten_and_nesting_is_innermost_first() -> None:
+    source = (
+        "import torch\n"
+        "if torch.cuda.is_available():\n"        # holds only portable code once fixed
+        "    torch.cuda.synchronize()\n"
+        "    if x.is_cuda:\n"                     # holds a CUDA-only call: kept
+        "        print(torch.cuda.get_device_name(0))\n"
+    )
+    assert fixed(source) == (
+        "import torch\n"
+        "if torch.accelerator.is_available():\n"
+        "    torch.accelerator.synchronize()\n"
+        "    if x.is_cuda:\n"
+        "        print(torch.cuda.get_device_name(0))\n"
+    )
+    assert [c for _, c, _ in kept(source)] == ["torch.cuda", "torch.cuda", "cuda-only",
+                                               "torch.cuda"]
+
+
+def test_cuda_tools_are_flagged() -> None:
+    source = (
+        "import os, subprocess\n"
+        'subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv"])\n'
+        'subprocess.check_output(args=("/usr/local/cuda/bin/nvcc", "--version"))\n'
+        'os.system("nvidia-smi -L")\n'
+        'os.popen(f"nvcc {flags}")\n'
+    )
+    assert kept(source) == [(2, "cuda-tools", "runs nvidia-smi"), (3, "cuda-tools", "runs nvcc"),
+                            (4, "cuda-tools", "runs nvidia-smi"), (5, "cuda-tools", "runs nvcc")]
+
+
+def test_suggested_replacements_run_on_the_accelerator() -> None:
+    """What the audit suggests instead of pinned-memory findings and torch.cuda device
+    queries works on pjrt, here, through torch's device-generic APIs."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    if (torch.accelerator.current_accelerator() or torch.device("cpu")).type != "pjrt":
+        pytest.skip("pjrt is not torch's accelerator in this process")
+    assert torch.ones(3).pin_memory().is_pinned()
+    batch = next(iter(DataLoader(torch.randn(4, 2), batch_size=2, pin_memory=True)))
+    assert batch.is_pinned() and batch.to("pjrt", non_blocking=True).device.type == "pjrt"
+    for name in ("torch.cuda.get_device_properties", "torch.cuda.get_device_name"):
+        assert "torch.get_device_module()" in CUDA_APIS[name].suggestion
+    assert torch.get_device_module() is torch.pjrt
+    assert torch.get_device_module().get_device_name(0)
+    assert torch.get_device_module().get_device_properties(0).name
+    free, total = torch.accelerator.get_memory_info(0)
+    assert isinstance(total / 2**30, float) and 0 < free <= total
+
+
+def test_estimate_counts_only_code_that_runs() -> None:
+    data = to_json(audit(KERNEL))
+    pynvml = [f for f in data["findings"] if f["effort_key"] == "pynvml"]
+    assert [(f["severity"], f["message"]) for f in pynvml] == [
+        ("simple edit", "requires pynvml, never imported")]
+    by_category = {s["category"]: s["effort_hours"] for s in data["summary"]}
+    # the CUDA kernel is the one port; its guard shares that effort; the rest are simple edits
+    assert by_category == {"device": 0.0, "torch.cuda": 0.25, "backend-flags": 0.5, "amp": 0.5,
+                           "custom-extension": 8.0, "third-party": 0.25, "cuda-tools": 0.0,
+                           "cuda-only": 0.25}
+    assert data["effort_hours"] == 9.75
+    assert "| cuda-tools | 1 | 0 | 1 | 0 | 0 | counted in another row |" in to_markdown(audit(KERNEL))
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=audit", "-c", "user.email=audit@test",
+                           *args], cwd=repo, capture_output=True, text=True, check=True,
+                          timeout=60).stdout
+
+
+def run_entry_script(project: Path, device: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "train.py", "3"], cwd=project,
+                          env=device_environment(device),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("device", sorted(DEVICE_ENVIRONMENTS))
+def test_fix_applied_with_git_leaves_a_project_that_runs(tmp_path: Path, device: str,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    if device == "cpu" and (found := accelerator_without_pjrt()) != "None":
+        pytest.skip(f"torch reports accelerator {found} without pjrt: this torch build is not CPU-only")
+    copy = tmp_path / "cuda_kernel_project"
+    shutil.copytree(KERNEL, copy)
+    git(copy, "init", "-q")
+    git(copy, "add", ".")
+    git(copy, "commit", "-qm", "the CUDA project")
+    if device == "cpu":  # the original needs CUDA: "cuda" devices
+        before = run_entry_script(copy, device)
+        assert before.returncode != 0 and "CUDA" in before.stderr, before.stderr
+    assert main(["audit", str(copy), "--fix"]) == 0
+    (tmp_path / "fix.diff").write_text(capsys.readouterr().out)
+    git(copy, "apply", str(tmp_path / "fix.diff"))
+    assert git(copy, "status", "--short").split() == ["M", "gpu_info.py", "M", "train.py"]
+    after = run_entry_script(copy, device)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert f"trained on {device}" in after.stdout and "no CUDA GPU" in after.stdout
+    # the guards over the CUDA kernel and nvidia-smi stay CUDA-specific
+    assert "if torch.cuda.is_available():" in (copy / "kernels.py").read_text()
+    assert "if x.is_cuda and" in (copy / "kernels.py").read_text()
+    assert "if not torch.cuda.is_available():" in (copy / "gpu_info.py").read_text()

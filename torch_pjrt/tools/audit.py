@@ -9,6 +9,12 @@ setup.py/setup.cfg/pyproject.toml and native sources are scanned too.
 
 Findings that `--fix` can rewrite carry an `Edit` (a character span of the original text
 and its replacement), so the rewrite preserves everything else in the file.
+
+A guard (`if torch.cuda.is_available():`, `if x.is_cuda:`, `"cuda" if ... else "cpu"`) is
+rewritten only where the code it guards runs on any accelerator once fixed. Where that code
+needs CUDA (an extension build, nvidia-smi, `torch.cuda.get_device_name`), rewriting the
+guard would run it on pjrt, so the guard and its code stay as written and the audit reports
+the path as one `cuda-only` finding.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 from pathlib import Path
 
 try:
@@ -31,14 +38,18 @@ from torch_pjrt.tools.audit_rules import (
     AMP_DEVICE_CALLS,
     CATEGORIES,
     CUDA_APIS,
+    CUDA_TOOLS,
     EFFORT_HOURS,
     KERNEL_DECORATORS,
     PACKAGES,
+    PROCESS_CALLS,
+    Api,
     Package,
     Severity,
     lookup_api,
     package_for_dist,
     package_for_import,
+    package_named,
 )
 
 SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "venv", "env", "node_modules", "build",
@@ -70,7 +81,10 @@ class Finding:
     message: str
     suggestion: str
     cell: int | None = None  # 1-based cell of a notebook
-    package: str | None = None  # a third-party package's findings share one effort
+    # Findings with one key are one piece of work, counted once in the estimate: a package's
+    # imports and requirements; a CUDA-only path and the findings inside it.
+    effort_key: str | None = None
+    needs_cuda: bool = False  # the code, as --fix leaves it, fails where CUDA is absent
 
     @property
     def location(self) -> str:
@@ -81,7 +95,7 @@ class Finding:
         return {"path": self.path, "line": self.line, "cell": self.cell,
                 "category": self.category, "severity": self.severity.value,
                 "message": self.message, "suggestion": self.suggestion,
-                "package": self.package}
+                "effort_key": self.effort_key, "needs_cuda": self.needs_cuda}
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class AuditReport:
     files_scanned: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     edits: dict[str, list[Edit]] = field(default_factory=dict)  # path -> edits for --fix
+    imported_packages: set[str] = field(default_factory=set)  # Package.name, by any file
 
 
 @dataclass(frozen=True)
@@ -167,17 +182,103 @@ def _target_name(node: ast.AST) -> str | None:
     return None
 
 
+EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+Span = tuple[int, int]  # character offsets [start, end) in a source
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """An `if` (or `a if test else b`) and the code that runs only when its test holds."""
+
+    line: int
+    test: tuple[Span, ...]  # the test, and the values of the flags and helpers it calls
+    guarded: tuple[Span, ...]
+    flags: tuple[str, ...]  # those flags and helpers
+
+    def covers(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.guarded)
+
+    def tests(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.test)
+
+    @property
+    def size(self) -> int:
+        return sum(end - start for start, end in self.guarded)
+
+
+@dataclass(frozen=True)
+class _Use:
+    """A use of a name bound to something CUDA-only (a CUDA extension, a flash-attn function)."""
+
+    offset: int
+    line: int
+    what: str
+
+
+def _at_least_simple(severity: Severity) -> Severity:
+    """Findings left as written cost at least a simple edit."""
+    return max(severity, Severity.SIMPLE_EDIT, key=lambda s: s.rank)
+
+
+def _test_operands(test: ast.expr) -> Iterator[str]:
+    """Flags and helpers a test consists of: `use_cuda`, `has_gpu()`, `not x and self.y`."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        yield from _test_operands(test.operand)
+    elif isinstance(test, ast.BoolOp):
+        for value in test.values:
+            yield from _test_operands(value)
+    elif isinstance(test, ast.Call) and not test.args:
+        yield from _test_operands(test.func)
+    elif (name := _target_name(test)) is not None:
+        yield name
+
+
+def _negated(test: ast.expr) -> bool:
+    """Whether the test holds when CUDA is absent (`not torch.cuda.is_available()`)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return True
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], (ast.NotEq, ast.IsNot))
+            and any(_cuda_string(o) for o in (test.left, *test.comparators)))
+
+
+def _command_tool(command: ast.AST | None) -> str | None:
+    """The CUDA_TOOLS program a command line starts (["nvidia-smi", ...] or "nvcc -V")."""
+    if isinstance(command, (ast.List, ast.Tuple)) and command.elts:
+        command = command.elts[0]
+    elif isinstance(command, ast.JoinedStr) and command.values:
+        command = command.values[0]
+    if not (isinstance(command, ast.Constant) and isinstance(command.value, str)):
+        return None
+    words = command.value.split()
+    program = words[0].rsplit("/", 1)[-1] if words else ""
+    return program if program in CUDA_TOOLS else None
+
+
+class PythonScan(NamedTuple):
+    findings: list[Finding]
+    edits: list[Edit]
+    imported_packages: set[str]  # Package.name of every package the source imports
+
+
 class _PythonScanner(ast.NodeVisitor):
     def __init__(self, text: str, path: str, cell: int | None) -> None:
         self.text = _Text(text)
         self.path = path
         self.cell = cell
         self.findings: list[Finding] = []
+        self.spans: list[Span] = []  # of each finding's node
+        self.edit_of: dict[int, Edit] = {}  # finding index -> its --fix edit
         self.edits: list[Edit] = []
         self.aliases: dict[str, str] = {}  # local name -> dotted module or object name
         self.torch_alias: str | None = None  # module-level name bound to the torch module
         self.consumed: set[int] = set()  # ids of nodes already reported
         self.packages_seen: set[str] = set()
+        self.cuda_only_names: dict[str, str] = {}  # name -> what it is bound to
+        self.uses: list[_Use] = []
+        self.guards: list[_Guard] = []
+        self.following: dict[int, list[ast.stmt]] = {}  # id of an `if` -> statements after it
+        self.flag_values: dict[str, list[Span]] = {}  # a variable's or helper's values
 
     # -- bookkeeping
 
@@ -200,9 +301,42 @@ class _PythonScanner(ast.NodeVisitor):
                         self.torch_alias = alias.asname
                     elif alias.name.split(".")[0] == "torch" and not alias.asname:
                         self.torch_alias = "torch"
+        self.index_tree(tree)
         self.visit(tree)
+        self.keep_cuda_only_paths()
+        self.edits = [self.edit_of[i] for i in sorted(self.edit_of)]
         if self.edits and self.torch_alias is None:
             self.edits.append(self._import_torch_edit(tree))
+
+    def index_tree(self, tree: ast.Module) -> None:
+        """What guards need before the visit: names whose use needs CUDA (imports from
+        CUDA-only packages, CUDA extensions built by load/load_inline), the values of each
+        variable and helper function (`use_cuda = torch.cuda.is_available()`), and the
+        statements that follow each `if`."""
+        for name, target in self.aliases.items():
+            package = package_for_import(target)
+            if package is not None and not package.works_without_cuda:
+                self.cuda_only_names[name] = package.name
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    name = _target_name(target)
+                    if name is not None:
+                        self.flag_values.setdefault(name, []).append(self.text.span(node.value))
+                    if (isinstance(target, ast.Name) and isinstance(node.value, ast.Call)
+                            and self.cuda_extension_build(node.value)):
+                        self.cuda_only_names[target.id] = "a CUDA extension"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.flag_values.setdefault(node.name, []).extend(
+                    self.text.span(r.value) for r in ast.walk(node)
+                    if isinstance(r, ast.Return) and r.value is not None)
+            for block in ("body", "orelse", "finalbody"):
+                statements = getattr(node, block, None)
+                if isinstance(statements, list):
+                    for index, stmt in enumerate(statements):
+                        if isinstance(stmt, ast.If):
+                            self.following[id(stmt)] = statements[index + 1:]
 
     @property
     def torch(self) -> str:
@@ -228,15 +362,115 @@ class _PythonScanner(ast.NodeVisitor):
         return ".".join([root, *parts[1:]])
 
     def add(self, node: ast.AST, category: str, severity: Severity, message: str,
-            suggestion: str, edit: tuple[ast.AST | tuple[int, int], str] | None = None) -> None:
+            suggestion: str, edit: tuple[ast.AST | Span, str] | None = None,
+            works_without_cuda: bool = False, effort_key: str | None = None) -> None:
+        """Report `node`. Automatic findings carry their edit; the others are left as
+        written, so they need CUDA unless their rule says they work without it."""
         assert (edit is not None) == (severity is Severity.AUTOMATIC)
         self.consumed.add(id(node))
-        self.findings.append(Finding(self.path, node.lineno, category,  # type: ignore[attr-defined]
-                                     severity, message, suggestion, self.cell))
+        needs_cuda = severity is not Severity.AUTOMATIC and not works_without_cuda
         if edit is not None:
             where, text = edit
             start, end = self.text.span(where) if isinstance(where, ast.AST) else where
-            self.edits.append(Edit(start, end, text))
+            self.edit_of[len(self.findings)] = Edit(start, end, text)
+        self.spans.append(self.text.span(node))
+        self.findings.append(Finding(self.path, node.lineno,  # type: ignore[attr-defined]
+                                     category, severity, message, suggestion, self.cell,
+                                     effort_key, needs_cuda))
+
+    def add_api(self, node: ast.AST, name: str, api: Api) -> None:
+        """A finding classified by a table entry, left as written."""
+        severity = Severity.SIMPLE_EDIT if api.severity is Severity.AUTOMATIC else api.severity
+        self.add(node, api.category, severity, name, api.suggestion,
+                 works_without_cuda=api.works_without_cuda)
+
+    # -- guards
+
+    def guard(self, node: ast.If | ast.IfExp, body: list[ast.AST], orelse: list[ast.AST]
+              ) -> None:
+        guarded = [body]
+        if _negated(node.test):
+            guarded = [orelse]
+            if isinstance(node, ast.If) and isinstance(body[-1], EXITS):
+                guarded.append(list(self.following.get(id(node), [])))
+        spans = tuple((self.text.span(b[0])[0], self.text.span(b[-1])[1])
+                      for b in guarded if b)
+        # `if use_cuda:` tests what `use_cuda = torch.cuda.is_available()` assigned
+        flags = tuple(name for name in _test_operands(node.test) if name in self.flag_values)
+        test = [self.text.span(node.test)]
+        test += [span for name in flags for span in self.flag_values[name]]
+        if spans:
+            self.guards.append(_Guard(node.lineno, tuple(test), spans, flags))
+
+    def visit_If(self, node: ast.If) -> None:
+        self.guard(node, node.body, node.orelse)
+        self.generic_visit(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self.guard(node, [node.body], [node.orelse])
+        self.generic_visit(node)
+
+    def keep_cuda_only_paths(self) -> None:
+        """Where guarded code needs CUDA, drop the edits of the guard and of its code, and
+        report the guard as one `cuda-only` finding (the path is skipped off CUDA).
+
+        A guard is a test with findings. Innermost guards go first: a path kept
+        CUDA-specific no longer needs CUDA from the point of view of an outer guard."""
+        protected: set[int] = set()  # findings inside (or heading) a kept path
+        protected_uses: set[int] = set()
+        dropped: set[int] = set()  # findings of kept guards' tests, replaced by one
+        for guard in sorted(self.guards, key=lambda g: g.size):
+            settled = dropped | protected
+            # a flag kept by another guard still makes this one a guard
+            test = [i for i, (start, _) in enumerate(self.spans)
+                    if guard.tests(start) and i not in protected]
+            inside = [i for i, (start, _) in enumerate(self.spans)
+                      if guard.covers(start) and i not in settled]
+            uses = [n for n, use in enumerate(self.uses)
+                    if guard.covers(use.offset) and n not in protected_uses]
+            reasons = [(self.findings[i].line, self.findings[i].message,
+                        self.findings[i].severity) for i in inside if self.findings[i].needs_cuda]
+            # what a use calls is ported (and counted) where it is built or imported
+            reasons += [(self.uses[n].line, self.uses[n].what, Severity.SIMPLE_EDIT)
+                        for n in uses]
+            if not test or not reasons:
+                continue
+            cell = f"[cell {self.cell}]" if self.cell is not None else ""
+            key = f"cuda-only path {self.path}{cell}:{guard.line}"
+            for i in inside:
+                finding = self.findings[i]
+                self.edit_of.pop(i, None)
+                self.findings[i] = replace(
+                    finding, effort_key=key, severity=_at_least_simple(finding.severity),
+                    needs_cuda=finding.needs_cuda or finding.severity is Severity.AUTOMATIC)
+            for i in test:
+                self.edit_of.pop(i, None)
+            dropped.update(test)
+            protected.update(inside)
+            protected_uses.update(uses)
+            checks = " and ".join(dict.fromkeys(self.findings[i].message for i in test))
+            through = [name for name in guard.flags if any(
+                start <= self.spans[i][0] < end for i in test
+                for start, end in self.flag_values[name])]
+            if through:
+                checks += f" (through {', '.join(through)})"
+            reasons.sort(key=lambda reason: reason[0])  # by line, in source order within one
+            shown = "; ".join(f"{what} (line {line})" for line, what, _ in reasons[:3])
+            more = f"; {len(reasons) - 3} more" if len(reasons) > 3 else ""
+            severity = max([s for _, _, s in reasons]
+                           + [self.findings[i].severity for i in test], key=lambda s: s.rank)
+            protected.add(len(self.findings))
+            self.spans.append(guard.test[0])
+            self.findings.append(Finding(
+                self.path, guard.line, "cuda-only", _at_least_simple(severity),
+                f"{checks} guards code that needs CUDA: {shown}{more}",
+                "kept CUDA-specific by --fix, so this path is skipped off CUDA; port what it "
+                "guards to run it on pjrt", self.cell, key))
+        kept = [i for i in range(len(self.findings)) if i not in dropped]
+        renumber = {old: new for new, old in enumerate(kept)}
+        self.findings = [self.findings[i] for i in kept]
+        self.spans = [self.spans[i] for i in kept]
+        self.edit_of = {renumber[i]: edit for i, edit in self.edit_of.items()}
 
     def _import_torch_edit(self, tree: ast.Module) -> Edit:
         after_line = 0  # insert `import torch` before the first import, else after the header
@@ -310,7 +544,7 @@ class _PythonScanner(ast.NodeVisitor):
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             kernel_of = KERNEL_DECORATORS.get(self.resolve(target) or "")
             if kernel_of is not None:
-                package = next(p for p in PACKAGES if p.name == kernel_of)
+                package = package_named(kernel_of)
                 self.add(decorator, package.category, Severity.NEEDS_PORT,
                          f"{kernel_of} kernel `{node.name}`", package.suggestion)
         self.generic_visit(node)
@@ -328,7 +562,7 @@ class _PythonScanner(ast.NodeVisitor):
                 self.add(operand, "device-check", Severity.SIMPLE_EDIT,
                          f"compares a device with {value!r}",
                          f"compare with {self.accelerator}, "
-                         "or test device.type != 'cpu'")
+                         "or test device.type != 'cpu'", works_without_cuda=True)
         self.generic_visit(node)
 
     # -- calls
@@ -365,7 +599,7 @@ class _PythonScanner(ast.NodeVisitor):
                 if arg is not None and _cuda_string(arg) and id(arg) not in self.consumed:
                     self.add(arg, "amp", Severity.SIMPLE_EDIT,
                              f"{func.rsplit('.', 1)[-1]} for device type 'cuda'",
-                             self.accelerator_type)
+                             self.accelerator_type, works_without_cuda=True)
         if isinstance(node.func, ast.Attribute) and node.func.attr == "to" and first is not None:
             self.device_value(first)
         if func.endswith("set_default_device") and first is not None:
@@ -375,15 +609,12 @@ class _PythonScanner(ast.NodeVisitor):
                 self.device_value(value, name)
             elif name == "backend":
                 self.nccl_value(value)
-            elif name == "pin_memory" and isinstance(value, ast.Constant) and value.value:
-                self.add(value, "pinned-memory", Severity.SIMPLE_EDIT,
-                         "pin_memory=True assumes a CUDA host allocator",
-                         f"pin_memory={self.torch}.accelerator.is_available()")
         if func.endswith(("init_process_group", "new_group")) and first is not None:
             self.nccl_value(first)
-        if isinstance(node.func, ast.Attribute) and node.func.attr == "pin_memory":
-            self.add(node, "pinned-memory", Severity.SIMPLE_EDIT, ".pin_memory() assumes CUDA",
-                     f"pin only when {self.torch}.accelerator.is_available()")
+        tool = _command_tool(keywords.get("args", first)) if func in PROCESS_CALLS else None
+        if tool is not None:
+            self.add(node, CUDA_TOOLS[tool].category, CUDA_TOOLS[tool].severity, f"runs {tool}",
+                     CUDA_TOOLS[tool].suggestion)
         if isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
             flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
             default = keywords.get("default")
@@ -393,17 +624,24 @@ class _PythonScanner(ast.NodeVisitor):
                 self.add(default, "device", Severity.SIMPLE_EDIT,
                          f"command-line default {_cuda_string(default)!r}",
                          f"default={self.accelerator_type}")
-        if func.endswith("cpp_extension.load_inline") and "cuda_sources" in keywords:
-            self.add(node, "custom-extension", Severity.NEEDS_PORT,
-                     "load_inline with cuda_sources builds a CUDA extension",
-                     CUDA_APIS["torch.utils.cpp_extension.CUDAExtension"].suggestion)
-        if func.endswith("cpp_extension.load") and any(
-                isinstance(n, ast.Constant) and str(n.value).endswith(NATIVE_CUDA_SUFFIXES)
-                for n in ast.walk(keywords.get("sources", first or ast.Pass()))):
-            self.add(node, "custom-extension", Severity.NEEDS_PORT,
-                     "cpp_extension.load builds .cu sources",
+        built = self.cuda_extension_build(node)
+        if built is not None:
+            self.add(node, "custom-extension", Severity.NEEDS_PORT, built,
                      CUDA_APIS["torch.utils.cpp_extension.CUDAExtension"].suggestion)
         self.generic_visit(node)
+
+    def cuda_extension_build(self, node: ast.Call) -> str | None:
+        """What the call is, if it builds a CUDA extension (load_inline, load of .cu)."""
+        func = self.resolve(node.func) or ""
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+        if func.endswith("cpp_extension.load_inline") and "cuda_sources" in keywords:
+            return "load_inline with cuda_sources builds a CUDA extension"
+        sources = keywords.get("sources", node.args[1] if len(node.args) > 1 else ast.Pass())
+        if func.endswith("cpp_extension.load") and any(
+                isinstance(n, ast.Constant) and str(n.value).endswith(NATIVE_CUDA_SUFFIXES)
+                for n in ast.walk(sources)):
+            return "cpp_extension.load builds .cu sources"
+        return None
 
     def dot_cuda(self, node: ast.Call) -> None:
         assert isinstance(node.func, ast.Attribute)
@@ -432,19 +670,20 @@ class _PythonScanner(ast.NodeVisitor):
         if package is None or package.name in self.packages_seen:
             return
         self.packages_seen.add(package.name)
-        self.findings.append(Finding(self.path, node.lineno,  # type: ignore[attr-defined]
-                                     package.category, package.severity,
-                                     f"imports {package.name}", package.suggestion, self.cell,
-                                     package.name))
+        self.add(node, package.category, package.severity, f"imports {package.name}",
+                 package.suggestion, works_without_cuda=package.works_without_cuda,
+                 effort_key=package.name)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr == "is_cuda":
+            # where it guards code that needs CUDA, keep_cuda_only_paths keeps it instead
             self.add(node, "device-check", Severity.SIMPLE_EDIT, ".is_cuda",
-                     ".device.type != 'cpu'")
+                     ".device.type != 'cpu'", works_without_cuda=True)
         self.dotted_name(node)
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in self.aliases and isinstance(node.ctx, ast.Load):
+        if isinstance(node.ctx, ast.Load) and (node.id in self.aliases
+                                                or node.id in self.cuda_only_names):
             self.dotted_name(node)
 
     def dotted_name(self, node: ast.Attribute | ast.Name) -> None:
@@ -452,6 +691,10 @@ class _PythonScanner(ast.NodeVisitor):
         if name is None:  # the chain starts with a call or subscript: look inside
             self.generic_visit(node)
             return
+        written = _dotted(node) or [""]
+        if written[0] in self.cuda_only_names:
+            self.uses.append(_Use(self.text.span(node)[0], node.lineno,
+                                  f"{'.'.join(written)} ({self.cuda_only_names[written[0]]})"))
         api = lookup_api(name)
         if api is None or id(node) in self.consumed:
             return
@@ -463,8 +706,7 @@ class _PythonScanner(ast.NodeVisitor):
             text = parts[0] + api.replacement[len("torch"):]  # torch as this file spells it
             self.add(node, api.category, api.severity, name, text, (node, text))
         else:
-            severity = Severity.SIMPLE_EDIT if api.severity is Severity.AUTOMATIC else api.severity
-            self.add(node, api.category, severity, name, api.suggestion)
+            self.add_api(node, name, api)
 
 
 def _names(node: ast.AST) -> Iterator[str]:
@@ -475,16 +717,15 @@ def _names(node: ast.AST) -> Iterator[str]:
             yield sub.attr
 
 
-def scan_python(text: str, path: str, cell: int | None = None
-                ) -> tuple[list[Finding], list[Edit]]:
-    """Findings and --fix edits of one Python source. Raises SyntaxError."""
+def scan_python(text: str, path: str, cell: int | None = None) -> PythonScan:
+    """Findings, --fix edits and imported packages of one Python source. Raises SyntaxError."""
     tree = ast.parse(text)
     scanner = _PythonScanner(text, path, cell)
     scanner.scan(tree)
-    findings = scanner.findings
+    findings = sorted(scanner.findings, key=lambda f: f.line)  # kept paths come last
     if Path(path).name == "setup.py":
         findings += _setup_py_requirements(tree, path)
-    return findings, scanner.edits
+    return PythonScan(findings, scanner.edits, scanner.packages_seen)
 
 
 def _setup_py_requirements(tree: ast.Module, path: str) -> list[Finding]:
@@ -524,7 +765,7 @@ def requirement_findings(spec: str, path: str, line: int, cell: int | None = Non
     if package is not None:
         findings.append(Finding(path, line, package.category, package.severity,
                                 f"requires {match.group(1)}", package.suggestion, cell,
-                                package.name))
+                                package.name, not package.works_without_cuda))
     return findings
 
 
@@ -578,8 +819,11 @@ def _setup_cfg(text: str, path: str) -> list[Finding]:
 # ---------------------------------------------------------------------------- other files
 
 
-def _notebook(text: str, path: str) -> tuple[list[Finding], list[tuple[str, str]]]:
+def _notebook(text: str, path: str) -> tuple[PythonScan, list[tuple[str, str]]]:
+    """The notebook's findings and imports (its edits are not applied: empty), and the cells
+    it could not parse."""
     findings: list[Finding] = []
+    imported: set[str] = set()
     skipped: list[tuple[str, str]] = []
     for number, cell in enumerate(json.loads(text).get("cells", []), 1):
         if cell.get("cell_type") != "code":
@@ -597,10 +841,13 @@ def _notebook(text: str, path: str) -> tuple[list[Finding], list[tuple[str, str]
                             findings += requirement_findings(word, path, index + 1, number)
                 lines[index] = line[: len(line) - len(stripped)] + "pass"
         try:
-            findings += scan_python("\n".join(lines), path, number)[0]
+            cell_scan = scan_python("\n".join(lines), path, number)
         except SyntaxError as error:
             skipped.append((f"{path}[cell {number}]", f"syntax error: {error.msg}"))
-    return findings, skipped
+            continue
+        findings += cell_scan.findings
+        imported |= cell_scan.imported_packages
+    return PythonScan(findings, [], imported), skipped
 
 
 def _native(text: str, path: str) -> list[Finding]:
@@ -663,13 +910,15 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
         report.files_scanned += 1
         try:
             if kind == "python":
-                findings, edits = scan_python(text, rel)
-                report.findings += findings
-                if edits:
-                    report.edits[rel] = edits
+                scan = scan_python(text, rel)
+                report.findings += scan.findings
+                report.imported_packages |= scan.imported_packages
+                if scan.edits:
+                    report.edits[rel] = scan.edits
             elif kind == "notebook":
-                findings, skipped = _notebook(text, rel)
-                report.findings += findings
+                scan, skipped = _notebook(text, rel)
+                report.findings += scan.findings
+                report.imported_packages |= scan.imported_packages
                 report.skipped += skipped
             elif kind == "requirements":
                 report.findings += _requirements_txt(text, rel)
@@ -681,8 +930,25 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
                 report.findings += _native(text, rel)
         except (SyntaxError, ValueError, configparser.Error) as error:
             report.skipped.append((rel, f"{type(error).__name__}: {error}"))
+    report.findings = [_unused_requirement(f, report.imported_packages)
+                       for f in report.findings]
     report.findings.sort(key=lambda f: (f.path, f.cell or 0, f.line, f.category, f.message))
     return report
+
+
+def _unused_requirement(finding: Finding, imported: set[str]) -> Finding:
+    """A requirement of a package that no scanned code imports is a cleanup, not a port:
+    code that never runs costs nothing to move."""
+    package = next((p for p in PACKAGES if p.name == finding.effort_key and p.imports), None)
+    if package is None:  # not a package, or one without import names (NVIDIA wheels)
+        return finding
+    # `from apex.normalization import ...` uses the apex that requirements.txt names
+    modules = [m for name in imported for m in package_named(name).imports]
+    if any(m == prefix or m.startswith(prefix + ".") for m in modules for prefix in package.imports):
+        return finding
+    return replace(finding, severity=Severity.SIMPLE_EDIT, needs_cuda=False,
+                   message=f"{finding.message}, never imported",
+                   suggestion=f"remove the requirement: no scanned code imports {package.name}")
 
 
 # ---------------------------------------------------------------------------- reports
@@ -691,23 +957,35 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
 def summarize(report: AuditReport) -> list[CategorySummary]:
     """Per category: number of findings, by severity, and the effort estimate.
 
-    Effort is EFFORT_HOURS per finding, except that a package (flash-attn in the
-    requirements, a notebook and three imports) is replaced once: its first finding counts.
+    Effort is EFFORT_HOURS per finding, except that findings sharing an effort key (a
+    package in the requirements, a notebook and three imports; a CUDA-only path and the
+    findings in it) are one piece of work, counted once at its most severe finding. On a
+    tie the code counts rather than its guard, so the work shows in the code's category.
     """
+    def weight(f: Finding) -> tuple[int, bool]:
+        return f.severity.rank, f.category != "cuda-only"
+
+    heads: dict[str, Finding] = {}  # effort key -> the finding that carries its effort
+    for f in report.findings:
+        if f.effort_key is not None:
+            head = heads.setdefault(f.effort_key, f)
+            if weight(f) > weight(head):
+                heads[f.effort_key] = f
     out: list[CategorySummary] = []
-    counted: set[str] = set()
     for category in CATEGORIES:
         found = [f for f in report.findings if f.category == category]
         if found:
             by_severity = {s: sum(f.severity is s for f in found) for s in Severity}
-            hours = 0.0
-            for f in found:
-                if f.package is None or f.package not in counted:
-                    hours += EFFORT_HOURS[f.severity]
-                if f.package is not None:
-                    counted.add(f.package)
+            hours = sum((EFFORT_HOURS[f.severity] for f in found
+                         if f.effort_key is None or heads[f.effort_key] is f), 0.0)
             out.append(CategorySummary(category, len(found), by_severity, hours))
     return out
+
+
+def category_effort(summary: CategorySummary) -> str:
+    if summary.effort_hours == 0 and summary.by_severity[Severity.AUTOMATIC] < summary.findings:
+        return "counted in another row"  # each of its findings shares another's effort
+    return format_hours(summary.effort_hours)
 
 
 def format_hours(hours: float) -> str:
@@ -753,7 +1031,7 @@ def to_markdown(report: AuditReport) -> str:
     ]
     for s in summary:
         counts = " | ".join(str(s.by_severity[v]) for v in Severity)
-        lines.append(f"| {s.category} | {s.findings} | {counts} | {format_hours(s.effort_hours)} |")
+        lines.append(f"| {s.category} | {s.findings} | {counts} | {category_effort(s)} |")
     lines += ["", "## Findings", "", "| location | category | severity | finding | suggestion |",
               "|---|---|---|---|---|"]
     for f in report.findings:
@@ -792,7 +1070,7 @@ def print_table(report: AuditReport, console: object | None = None) -> None:
     rows = summarize(report)
     for s in rows:
         summary.add_row(s.category, str(s.findings),
-                        *[str(s.by_severity[v]) for v in Severity], format_hours(s.effort_hours))
+                        *[str(s.by_severity[v]) for v in Severity], category_effort(s))
     out.print(summary)
     automatic = sum(f.severity is Severity.AUTOMATIC for f in report.findings)
     out.print(f"{len(report.findings)} findings in {report.files_scanned} files; "

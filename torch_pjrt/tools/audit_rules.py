@@ -1,10 +1,16 @@
-"""What the audit knows: severities, categories, and the two tables it classifies with.
+"""What the audit knows: severities, categories, and the tables it classifies with.
 
 `CUDA_APIS` maps dotted torch names (torch.cuda.*, torch.backends.cudnn/cuda.*, ...) to a
 classification and, where a drop-in exists, the `torch.accelerator` name `--fix` rewrites
 to. `PACKAGES` maps third-party CUDA-only packages, by import name and by distribution
-name, to a classification. Every finding of the audit is classified through one of them or
-through the few syntactic rules in audit.py (device strings, `.cuda()`, comparisons).
+name, to a classification. `CUDA_TOOLS` classifies the NVIDIA programs a project runs.
+Every finding of the audit is classified through one of them or through the few syntactic
+rules in audit.py (device strings, `.cuda()`, comparisons).
+
+Entries also say whether the code, as `--fix` leaves it, still works where CUDA is absent
+(`works_without_cuda`): a cuDNN flag or a seed does, an extension build or
+`torch.cuda.get_device_name` does not. A guard (`if torch.cuda.is_available():`) over code
+that does not is kept CUDA-specific by `--fix`.
 """
 
 from __future__ import annotations
@@ -57,12 +63,14 @@ CATEGORIES: dict[str, str] = {
     "distributed": "NCCL process groups",
     "cuda-graphs": "CUDA graph capture",
     "nvtx": "NVTX profiler ranges",
-    "pinned-memory": "pinned host memory assumptions",
     "custom-extension": "custom CUDA/C++ extensions",
     "triton": "Triton kernels",
     "cuda-library": "CUDA array and kernel libraries (CuPy, Numba CUDA, PyCUDA)",
     "third-party": "CUDA-only third-party libraries",
     "cuda-wheels": "requirements pinned to CUDA builds",
+    "cuda-tools": "NVIDIA programs run from Python (nvidia-smi, nvcc)",
+    "cuda-only": "code paths that need CUDA, behind guards (torch.cuda.is_available(), "
+                 ".is_cuda) that --fix keeps CUDA-specific",
 }
 
 A = Severity.AUTOMATIC
@@ -79,6 +87,7 @@ class Api:
     severity: Severity
     suggestion: str
     replacement: str | None = None
+    works_without_cuda: bool = False  # as written: a flag, a seed, a deprecated alias
 
     def __post_init__(self) -> None:
         assert (self.replacement is not None) == (self.severity is A), self
@@ -117,15 +126,15 @@ CUDA_APIS: dict[str, Api] = {
     "torch.cuda.Stream": Api("torch.cuda", S, "torch.Stream(device)"),
     "torch.cuda.Event": Api("torch.cuda", S, "torch.Event(device, enable_timing=...)"),
     "torch.cuda.stream": Api("torch.cuda", S, "torch.accelerator.set_stream(stream) or `with stream:`"),
-    "torch.cuda.manual_seed": Api("torch.cuda", S, "torch.manual_seed(seed) (seeds every device)"),
-    "torch.cuda.manual_seed_all": Api("torch.cuda", S, "torch.manual_seed(seed) (seeds every device)"),
+    "torch.cuda.manual_seed": Api("torch.cuda", S, "torch.manual_seed(seed) (seeds every device)", works_without_cuda=True),
+    "torch.cuda.manual_seed_all": Api("torch.cuda", S, "torch.manual_seed(seed) (seeds every device)", works_without_cuda=True),
     "torch.cuda.get_rng_state": Api("torch.cuda", S, "torch.pjrt.get_rng_state()"),
     "torch.cuda.set_rng_state": Api("torch.cuda", S, "torch.pjrt.set_rng_state(state)"),
-    "torch.cuda.get_device_name": Api("torch.cuda", S, "torch.pjrt.get_device_name(index)"),
-    "torch.cuda.get_device_properties": Api("torch.cuda", S, "torch.pjrt.get_device_properties(index)"),
+    "torch.cuda.get_device_name": Api("torch.cuda", S, "torch.get_device_module().get_device_name(index) (the current accelerator's module)"),
+    "torch.cuda.get_device_properties": Api("torch.cuda", S, "total memory: torch.accelerator.get_memory_info(index)[1]; the rest: torch.get_device_module().get_device_properties(index) (fields differ by device)"),
     "torch.cuda.get_device_capability": Api("torch.cuda", S, "torch.accelerator.get_device_capability() (returns a dict, not a tuple)"),
     "torch.cuda.is_bf16_supported": Api("torch.cuda", S, "torch.pjrt.is_bf16_supported()"),
-    "torch.cuda.is_initialized": Api("torch.cuda", S, "torch.accelerator.is_available()"),
+    "torch.cuda.is_initialized": Api("torch.cuda", S, "torch.accelerator.is_available()", works_without_cuda=True),
     "torch.cuda.init": Api("torch.cuda", S, "remove: the pjrt device initialises on first use"),
     "torch.cuda.memory_summary": Api("torch.cuda", S, "torch.accelerator.memory_stats()"),
     "torch.cuda.FloatTensor": Api("torch.cuda", S, "torch.tensor(data, dtype=torch.float32, device=...)"),
@@ -148,11 +157,11 @@ CUDA_APIS: dict[str, Api] = {
     # the rest of torch.cuda: unknown to this table
     "torch.cuda": Api("torch.cuda", P, "not in the audit's table: look for a torch.accelerator or torch.pjrt counterpart"),
     # automatic mixed precision
-    "torch.cuda.amp.autocast": Api("amp", S, "torch.autocast(device_type, dtype=...)"),
-    "torch.cuda.amp.GradScaler": Api("amp", S, "torch.amp.GradScaler(device_type)"),
-    "torch.cuda.amp.custom_fwd": Api("amp", S, "torch.amp.custom_fwd(device_type=...)"),
-    "torch.cuda.amp.custom_bwd": Api("amp", S, "torch.amp.custom_bwd(device_type=...)"),
-    "torch.cuda.amp": Api("amp", S, "torch.amp"),
+    "torch.cuda.amp.autocast": Api("amp", S, "torch.autocast(device_type, dtype=...)", works_without_cuda=True),
+    "torch.cuda.amp.GradScaler": Api("amp", S, "torch.amp.GradScaler(device_type)", works_without_cuda=True),
+    "torch.cuda.amp.custom_fwd": Api("amp", S, "torch.amp.custom_fwd(device_type=...)", works_without_cuda=True),
+    "torch.cuda.amp.custom_bwd": Api("amp", S, "torch.amp.custom_bwd(device_type=...)", works_without_cuda=True),
+    "torch.cuda.amp": Api("amp", S, "torch.amp", works_without_cuda=True),
     # CUDA graphs
     "torch.cuda.graph": Api("cuda-graphs", P, _GRAPHS),
     "torch.cuda.CUDAGraph": Api("cuda-graphs", P, _GRAPHS),
@@ -162,18 +171,18 @@ CUDA_APIS: dict[str, Api] = {
     # NVTX
     "torch.cuda.nvtx": Api("nvtx", S, _RECORD),
     # backend flags
-    "torch.backends.cudnn.benchmark": Api("backend-flags", S, "remove: XLA chooses its own algorithms"),
-    "torch.backends.cudnn.deterministic": Api("backend-flags", S, "torch.use_deterministic_algorithms(True)"),
-    "torch.backends.cudnn.allow_tf32": Api("backend-flags", S, "torch.set_float32_matmul_precision('high')"),
-    "torch.backends.cudnn": Api("backend-flags", S, "remove: cuDNN flags have no effect off CUDA"),
-    "torch.backends.cuda.matmul.allow_tf32": Api("backend-flags", S, "torch.set_float32_matmul_precision('high')"),
-    "torch.backends.cuda.sdp_kernel": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)"),
-    "torch.backends.cuda.enable_flash_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)"),
-    "torch.backends.cuda.enable_mem_efficient_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)"),
-    "torch.backends.cuda.enable_math_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)"),
-    "torch.backends.cuda": Api("backend-flags", S, "remove: CUDA backend flags have no effect off CUDA"),
+    "torch.backends.cudnn.benchmark": Api("backend-flags", S, "remove: XLA chooses its own algorithms", works_without_cuda=True),
+    "torch.backends.cudnn.deterministic": Api("backend-flags", S, "torch.use_deterministic_algorithms(True)", works_without_cuda=True),
+    "torch.backends.cudnn.allow_tf32": Api("backend-flags", S, "torch.set_float32_matmul_precision('high')", works_without_cuda=True),
+    "torch.backends.cudnn": Api("backend-flags", S, "remove: cuDNN flags have no effect off CUDA", works_without_cuda=True),
+    "torch.backends.cuda.matmul.allow_tf32": Api("backend-flags", S, "torch.set_float32_matmul_precision('high')", works_without_cuda=True),
+    "torch.backends.cuda.sdp_kernel": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)", works_without_cuda=True),
+    "torch.backends.cuda.enable_flash_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)", works_without_cuda=True),
+    "torch.backends.cuda.enable_mem_efficient_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)", works_without_cuda=True),
+    "torch.backends.cuda.enable_math_sdp": Api("backend-flags", S, "torch.nn.attention.sdpa_kernel(backends)", works_without_cuda=True),
+    "torch.backends.cuda": Api("backend-flags", S, "remove: CUDA backend flags have no effect off CUDA", works_without_cuda=True),
     # distributed
-    "torch.distributed.is_nccl_available": Api("distributed", S, "torch.distributed.is_backend_available('pjrt')"),
+    "torch.distributed.is_nccl_available": Api("distributed", S, "torch.distributed.is_backend_available('pjrt')", works_without_cuda=True),
     "torch.distributed.Backend.NCCL": Api("distributed", S, "backend='pjrt'"),
     # extensions
     "torch.utils.cpp_extension.CUDAExtension": Api("custom-extension", P, "port the kernels to torch ops, a torch.library custom op, or a Pallas/JAX kernel"),
@@ -209,6 +218,7 @@ class Package:
     category: str
     severity: Severity
     suggestion: str
+    works_without_cuda: bool = False
 
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -229,7 +239,7 @@ PACKAGES: tuple[Package, ...] = (
     Package("Transformer Engine", ("transformer_engine",), ("transformer-engine*",), "third-party", P, "torch.nn layers with torch.autocast"),
     Package("TensorRT", ("tensorrt", "torch_tensorrt"), ("tensorrt*", "torch-tensorrt"), "third-party", N, "torch.compile(backend='pjrt') or torch.export"),
     Package("pynvml", ("pynvml",), ("pynvml", "nvidia-ml-py*"), "third-party", N, "torch.accelerator.memory_stats() for memory; vendor tools for the rest"),
-    Package("NVTX", ("nvtx",), ("nvtx",), "nvtx", S, _RECORD),
+    Package("NVTX", ("nvtx",), ("nvtx",), "nvtx", S, _RECORD, works_without_cuda=True),
     Package("Triton", ("triton",), ("triton",), "triton", P, "a torch function under torch.compile(backend='pjrt'), or a Pallas kernel"),
     Package("CuPy", ("cupy", "cupyx"), ("cupy*",), "cuda-library", P, "torch or jax.numpy on the pjrt device"),
     Package("Numba CUDA", ("numba.cuda",), ("numba-cuda",), "cuda-library", P, "torch or jax.numpy; kernels as Pallas"),
@@ -240,10 +250,29 @@ PACKAGES: tuple[Package, ...] = (
 # Decorators that mark a function as a device kernel: (dotted name, package name).
 KERNEL_DECORATORS: dict[str, str] = {"triton.jit": "Triton", "numba.cuda.jit": "Numba CUDA"}
 
+# NVIDIA programs, by executable name, that a project may start (subprocess, os.system).
+CUDA_TOOLS: dict[str, Api] = {
+    "nvidia-smi": Api("cuda-tools", S, "memory: torch.accelerator.get_memory_info() or "
+                      "memory_stats(); the rest: the platform's own tool (rocm-smi, tpu-info)"),
+    "nvcc": Api("cuda-tools", S, "nothing is compiled for PJRT: `torch-pjrt doctor` or "
+                "jax.devices() reports the platform"),
+}
+
+# Calls that start a program: their first argument (or args=) is the command line.
+PROCESS_CALLS: frozenset[str] = frozenset({
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output",
+    "subprocess.Popen", "subprocess.getoutput", "subprocess.getstatusoutput",
+    "os.system", "os.popen",
+})
+
 
 def normalize_dist(name: str) -> str:
     """PEP 503 normalisation of a distribution name."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def package_named(name: str) -> Package:
+    return next(package for package in PACKAGES if package.name == name)
 
 
 def package_for_import(module: str) -> Package | None:
