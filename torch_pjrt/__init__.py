@@ -47,6 +47,7 @@ def _setup() -> None:
     eager.register(transfer.kernels() | view_kernels.kernels())
     transfer.keep_math_bits()
     transfer.legacy_serialization_through_cpu()  # torch.save(..., _use_new_zipfile_serialization=False)
+    transfer.print_through_host()  # repr/print: one host copy, no executables
     global _fallback_library  # registrations live as long as their Library object
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(fallback.run, "PrivateUse1")

@@ -162,3 +162,28 @@ def legacy_serialization_through_cpu() -> None:
     _write_file._pjrt_wrapped = True
     torch.UntypedStorage._write_file = _write_file
     torch.UntypedStorage._set_from_file = _set_from_file
+
+
+def print_through_host() -> None:
+    """Print a pjrt tensor from one host copy, as torch prints XLA, lazy and MTIA tensors.
+
+    Formatting a tensor runs a dozen ops on it (slices for summaries, masked_select of the
+    finite values, abs, min, max, ...), each a new executable per shape on this device: the
+    first repr of an int8 [1, 512] tensor compiled for a minute. torch copies tensors of
+    those devices to the CPU before formatting them, by a device list in
+    `torch._tensor_str._str_intern` with no registration hook; so the formatter of the
+    tensor's contents (`_tensor_str`) gets the host copy here. The header (device, dtype,
+    requires_grad, grad_fn) is still built from the pjrt tensor."""
+    import torch._tensor_str as tensor_str
+
+    format_contents = getattr(tensor_str, "_tensor_str", None)
+    if format_contents is None or getattr(format_contents, "_pjrt_wrapped", False):
+        return  # another torch: printing stays correct, each op runs on the device
+
+    def _tensor_str(self, indent):
+        if self.device.type == "pjrt":
+            self = self.cpu()
+        return format_contents(self, indent)
+
+    _tensor_str._pjrt_wrapped = True
+    tensor_str._tensor_str = _tensor_str
