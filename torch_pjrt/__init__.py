@@ -27,6 +27,9 @@ def _setup() -> None:
 
     rt = _runtime.load()
     devices = platform.devices()
+    from .runtime import compilation_cache
+
+    compilation_cache.enable()  # before the first executable: eager ops persist too
     if rt.device_count() == 0:  # once per process, even if a later step of a previous attempt failed
         from .runtime import storage
 

@@ -24,7 +24,7 @@ from jax.sharding import SingleDeviceSharding
 from ..runtime import platform, storage
 from ..runtime.build import load as _load_runtime
 from ..dtypes import to_jax
-from . import cache, dynamic, spmd, stats
+from . import dynamic, spmd, stats
 from .interpreter import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, find_lowering, signature
 
 _rt = _load_runtime()
@@ -78,7 +78,6 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
     if unknown:
         raise ValueError(f"torch.compile(backend='pjrt'): unexpected argument(s) {', '.join(sorted(unknown))}")
     config = Config(mode, options)
-    cache.enable()
     graph_id = stats.next_graph_id()
     _note_dynamo_recompile(f"graph{graph_id}")
     from torch._dynamo.backends.common import aot_autograd

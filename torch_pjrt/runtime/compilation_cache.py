@@ -1,0 +1,53 @@
+"""JAX's persistent compilation cache: a second process reuses the executables of the first.
+
+On by default for every executable this process compiles, eager ops and compiled graphs
+alike, in `<cache dir>/xla/<versions>` (the cache dir is `$TORCH_PJRT_CACHE_DIR`, else
+`$XDG_CACHE_HOME/torch_pjrt`, default `~/.cache/torch_pjrt`, where the C++ runtime is built
+too). The versions folder names jax, torch and torch-pjrt, so upgrading any of them starts a
+new cache (JAX's own key covers the program, jax and XLA; ours adds what lowers to them).
+`TORCH_PJRT_COMPILE_CACHE=0` turns it off. Executables that compiled in less than
+`TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS` (default 0: an eager op's executable compiles in
+tens of milliseconds and reads back in about one) are not stored. A cache directory the user
+already set through JAX (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`) is used
+as it is.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import torch
+
+from .build import cache_dir
+
+_enabled: list = []
+
+
+def directory() -> Path:
+    from .. import __version__
+
+    return cache_dir() / "xla" / f"jax{jax.__version__}-torch{torch.__version__}-pjrt{__version__}"
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCH_PJRT_COMPILE_CACHE", "1").lower() not in ("0", "false", "off", "no")
+
+
+def enable() -> str | None:
+    """Turn the cache on once per process, before the first executable; returns its
+    directory (None when off)."""
+    if _enabled:
+        return _enabled[0]
+    path = None
+    if enabled():
+        path = jax.config.jax_compilation_cache_dir
+        if not path:
+            path = str(directory())
+            os.makedirs(path, exist_ok=True)
+            jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          float(os.environ.get("TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS", "0")))
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _enabled.append(path)
+    return path
