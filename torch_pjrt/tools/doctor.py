@@ -225,6 +225,8 @@ def runtime_info() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     """Everything the doctor reports, as one JSON-ready dict."""
+    torch = torch_info()
+    pjrt = pjrt_info()  # before jax_info: the device's platform settings precede JAX's first backend
     info: dict[str, Any] = {
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},
@@ -232,9 +234,9 @@ def collect() -> dict[str, Any]:
         "jax_plugins": jax_plugins(),
         "autoload": autoload_info(),
         "environment": {name: os.environ.get(name) for name in ENVIRONMENT},
-        "torch": torch_info(),
+        "torch": torch,
         "jax": jax_info(),
-        "pjrt": pjrt_info(),
+        "pjrt": pjrt,
         "compilers": {name: tool_info(name) for name in TOOLS},
         "runtime": runtime_info(),
     }
