@@ -65,6 +65,9 @@ def _setup() -> None:
     from .kernels import hooks
 
     hooks.install()  # custom kernels behind aten ops: SDPA -> flash attention, _grouped_mm (kernels/hooks.py)
+    from . import fork_safety
+
+    fork_safety.install()  # DataLoader workers: no JAX fork warning; other forks: one explanation
     _ready = True
 
 
