@@ -151,3 +151,23 @@ def test_a_pipe_to_head_reads_the_start(tmp_path: Path) -> None:
                             shell=True, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
     assert result.stdout == "{"
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "char_gpt", "lstm", "hf_finetune"])
+def test_the_examples_help_shows_the_whole_description_and_the_defaults(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = ROOT / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"examples_help_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert module.__doc__.strip() in out  # every line of it, as written (the command lines too)
+    options = [line for line in out.splitlines() if line.lstrip().startswith("--")]
+    assert len(options) >= 3
+    assert out.count("(default: ") == len(options)  # every option shows its default
+    assert "(default: pjrt)" in out

@@ -16,12 +16,28 @@ ends the command quietly, as Unix tools do.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 import torch_pjrt
 from torch_pjrt.tools.output import STDOUT
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """--help with each option's default, unless it has none worth showing (None, a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter that keeps the description as written: the examples' docstrings, with
+    their paragraphs and command lines."""
 
 
 class UsageError(Exception):
@@ -195,9 +211,12 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ign
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="torch-pjrt", description="torch-pjrt: PyTorch on every PJRT accelerator.")
+        prog="torch-pjrt", description="torch-pjrt: PyTorch on every PJRT accelerator.",
+        formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"torch-pjrt {torch_pjrt.__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       parser_class=functools.partial(argparse.ArgumentParser,
+                                                                      formatter_class=HelpFormatter))
     for add in SUBCOMMANDS:
         add(subparsers)
     return parser
