@@ -171,3 +171,17 @@ def test_the_examples_help_shows_the_whole_description_and_the_defaults(
     assert len(options) >= 3
     assert out.count("(default: ") == len(options)  # every option shows its default
     assert "(default: pjrt)" in out
+
+
+def test_the_demo_gives_a_speed_ratio_only_on_a_machine_that_is_not_overloaded() -> None:
+    from torch_pjrt.tools.demo import Run, speed_verdict
+
+    pjrt = Run("pjrt", tokens_per_step=100, step_s=[0.1, 0.5, 0.1])  # median 0.1 s: 1000 tokens/s
+    cpu = Run("cpu", tokens_per_step=100, step_s=[0.2, 0.2, 9.0])  # median 0.2 s: 500 tokens/s
+    quiet = speed_verdict(pjrt, cpu, warmup=5, threads=2, load_at_start=0.5, load_at_end=2.1, n_cores=2)
+    assert quiet.startswith("pjrt speed: 2.00x torch CPU eager (median step time over steps 6-8, ")
+    assert "interleaved step by step, torch on 2 threads" in quiet
+    assert "load average 0.5 at the start, 2.1 at the end" in quiet and "on 2 cores" in quiet
+    busy = speed_verdict(pjrt, cpu, warmup=5, threads=2, load_at_start=7.4, load_at_end=8.0, n_cores=2)
+    assert busy.startswith("pjrt vs torch CPU eager: not a result here (load average 7.4 at the start")
+    assert "x torch CPU eager" not in busy
