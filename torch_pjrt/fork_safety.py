@@ -7,7 +7,7 @@ method), and JAX's warning then fires for each, although such a worker normally 
 a dataset and collates CPU tensors, never touching JAX; the batches move to pjrt in the main
 process. So, once `install()` has run:
 
-- JAX's fork warning (that message only, no other JAX warning) is filtered;
+- JAX's fork warning (that message only, no other JAX warning) is filtered during forks;
 - a fork made by torch.utils.data's DataLoader says nothing;
 - any other fork warns once per process, saying what is safe and what to do.
 
@@ -29,24 +29,37 @@ EXPLANATION = (
 
 _installed = False
 _explained = False
+_silencing: list = []  # the filter that hides JAX's warning during the fork in progress
 
 
 def install() -> None:
-    """Once per process, after JAX's backends exist (JAX registers its own fork hook then)."""
+    """Once per process, after JAX's backends exist: JAX registers its fork hook then, and
+    hooks run before a fork in the reverse order of registration, so ours runs first."""
     global _installed
     if _installed or not hasattr(os, "register_at_fork"):  # no fork outside Unix
         return
     _installed = True
-    warnings.filterwarnings("ignore", message=JAX_FORK_WARNING, category=RuntimeWarning)
-    os.register_at_fork(before=_before_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 def _before_fork() -> None:
+    # The filter is added for the fork only, not once at install: test runners and
+    # `warnings.catch_warnings` blocks restore the filter list and would drop it.
+    warnings.filterwarnings("ignore", message=JAX_FORK_WARNING, category=RuntimeWarning)
+    _silencing.append(warnings.filters[0])
     global _explained
     if _explained or _forking_a_dataloader_worker():
         return
     _explained = True
     warnings.warn(EXPLANATION, RuntimeWarning, stacklevel=2)  # 2: the code that called os.fork()
+
+
+def _after_fork() -> None:
+    while _silencing:
+        entry = _silencing.pop()
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
+            warnings._filters_mutated()  # what warnings' own functions call after a change
 
 
 def _forking_a_dataloader_worker() -> bool:
