@@ -32,6 +32,9 @@ def run(body: str) -> subprocess.CompletedProcess[str]:
 
 def test_dataloader_workers_fork_without_a_warning() -> None:
     result = run("""
+import warnings
+warnings.resetwarnings()  # as test runners and catch_warnings() do after torch-pjrt's setup
+warnings.simplefilter("always")
 for epoch in range(2):  # two epochs: the workers are forked again
     loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2,
                                          multiprocessing_context="fork")
