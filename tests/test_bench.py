@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from torch_pjrt.cli import main
+from tests.checkout import ROOT, environment
 from torch_pjrt.tools import bench
 
 FAST = ["--steps", "2", "--warmup", "1", "--no-progress"]
@@ -255,11 +255,9 @@ def test_plot_without_matplotlib_stops_before_the_run_with_the_hint_verbatim(tmp
               "from torch_pjrt.cli import main\n"
               "sys.exit(main())\n")
     png = tmp_path / "bars.png"
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-c", script, "bench", "--workloads", "mlp", "--targets", "cpu",
-                             "--plot", str(png), *FAST], capture_output=True, text=True, env=env, cwd=root,
-                            timeout=300)
+                             "--plot", str(png), *FAST], capture_output=True, text=True, env=environment(),
+                            cwd=ROOT, timeout=300)
     assert result.returncode == 2, result.stderr
     assert bench.PLOT_NEEDS_MATPLOTLIB in result.stdout  # `[bench]` survives rich's markup
     assert "pip install 'torch-pjrt[bench]'" in result.stdout

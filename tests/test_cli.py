@@ -7,7 +7,6 @@ The import checks run the real command in a subprocess (the console script's cod
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +16,10 @@ import pytest
 import torch_pjrt
 from torch_pjrt.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.checkout import ROOT, environment
+
 SMALL = ROOT / "tests" / "fixtures" / "audit" / "small_project"
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+ENV = environment()
 
 # What the installed `torch-pjrt` script runs (pip writes it with argv[0] = .../bin/torch-pjrt),
 # reporting at exit whether torch or jax got imported.
@@ -63,7 +63,7 @@ def test_commands_that_use_the_device_still_set_it_up() -> None:
     the command must (cli._device), or doctor would report no pjrt device."""
     result = subprocess.run([sys.executable, "-c", CONSOLE_SCRIPT, "doctor", "--json"], capture_output=True,
                             text=True, timeout=300, cwd=ROOT,
-                            env={**ENV, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "TORCH_PJRT_PLATFORM": "cpu"})
+                            env=environment(TORCH_DEVICE_BACKEND_AUTOLOAD="0", TORCH_PJRT_PLATFORM="cpu"))
     assert result.returncode == 0, result.stderr
     pjrt = json.loads(result.stdout)["pjrt"]
     assert pjrt["error"] is None and pjrt["platform"] == "cpu" and pjrt["devices"]

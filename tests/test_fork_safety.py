@@ -5,14 +5,12 @@ Each case runs in a fresh process: warnings and fork hooks are process-wide.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-       "TORCH_PJRT_PLATFORM": "cpu"}
+from tests.checkout import ROOT, environment
+
+ENV = environment(TORCH_PJRT_PLATFORM="cpu")
 JAX_WARNING = "os.fork() was called"
 OURS = "torch-pjrt: os.fork() in a process that runs JAX"
 
