@@ -54,6 +54,7 @@ def _device() -> None:
     that use it call this, since `import torch_pjrt` leaves it to them here."""
     torch_pjrt._setup()
 
+
 def _add_audit(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "audit", help="inventory what binds a Python project to CUDA",
