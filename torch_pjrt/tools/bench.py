@@ -857,15 +857,16 @@ def plot(report: dict, path: str | os.PathLike) -> None:
                 elif values[k]:
                     ax.text(k, values[k] * 1.1, _si(values[k]), ha="center", va="bottom", fontsize=7)
             ax.set_ylim(bottom, top)
+            ax.set_xlim(-0.6, len(targets) - 0.4)  # a slot without a bar (a failed target) stays in view
             ax.set_xticks(range(len(targets)), targets, rotation=30, ha="right", fontsize=8)
             name = workload if len(workload) < 28 else workload[:27] + "…"
             ax.set_title(f"{name} {mode}", fontsize=10)
             ax.set_ylabel(key.replace("_per_s", "/s"), fontsize=8)
-            ax.tick_params(axis="y", labelsize=7)
+            ax.tick_params(axis="y", which="both", labelsize=7)
             ax.grid(axis="y", alpha=0.3)
     host = report["host"]
     load = host.get("load_average_1min")
-    fig.suptitle("torch-pjrt bench: throughput (log scale; whisker: a step at p95 latency)\n"
+    fig.suptitle("torch-pjrt bench: throughput, log scale\nwhisker: a step at p95 latency\n"
                  f"pjrt on {host.get('pjrt_platform')}, {host.get('pjrt_device')}; "
                  f"load {'?' if load is None else f'{load:.1f}'} on {host.get('cpu_count')} CPUs",
                  fontsize=9)
