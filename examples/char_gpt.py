@@ -9,19 +9,20 @@ import argparse
 
 import torch
 
+from torch_pjrt.cli import RawDescriptionHelpFormatter
 from torch_pjrt.tools import demo_models as dm
 
 
 def main(argv=None):
     """Train and sample; returns (losses, model)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...)")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--sample-chars", type=int, default=200)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...): the same code on each")
+    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    parser.add_argument("--n-layer", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--n-embd", type=int, default=128, help="embedding width")
+    parser.add_argument("--block-size", type=int, default=64, help="context length in tokens")
+    parser.add_argument("--sample-chars", type=int, default=200, help="characters to sample after training (0: none)")
     args = parser.parse_args(argv)
 
     data, model, opt = dm.gpt_setup(args.device, n_layer=args.n_layer, n_embd=args.n_embd,

@@ -9,15 +9,16 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from torch_pjrt.cli import RawDescriptionHelpFormatter
 from torch_pjrt.tools.demo_models import CNN, shapes
 
 
 def main(argv=None):
     """Train; returns (losses, model)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...)")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...): the same code on each")
+    parser.add_argument("--steps", type=int, default=100, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per step")
     args = parser.parse_args(argv)
 
     generator = torch.Generator().manual_seed(0)

@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from torch_pjrt.cli import RawDescriptionHelpFormatter
 from torch_pjrt.tools import demo_models as dm
 
 
@@ -26,11 +27,11 @@ def build(vocab_size: int, block_size: int, attn: str = "eager"):
 
 def main(argv=None):
     """Train and generate; returns (losses, model), or (None, None) without transformers."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...)")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=32)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...): the same code on each")
+    parser.add_argument("--steps", type=int, default=50, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--block-size", type=int, default=32, help="context length in tokens")
     parser.add_argument("--attn", default="eager", help="transformers attention implementation (eager, sdpa)")
     parser.add_argument("--generate", type=int, default=40, help="tokens for generate() after training (0: none)")
     args = parser.parse_args(argv)

@@ -8,16 +8,17 @@ import argparse
 
 import torch
 
+from torch_pjrt.cli import RawDescriptionHelpFormatter
 from torch_pjrt.tools import demo_models as dm
 
 
 def main(argv=None):
     """Train; returns (losses, model)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...)")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=32)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="pjrt", help="cpu or pjrt (or cuda, ...): the same code on each")
+    parser.add_argument("--steps", type=int, default=100, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=32, help="characters per training sequence")
     args = parser.parse_args(argv)
 
     data = dm.CharData(dm.load_text())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import struct
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from torch_pjrt.cli import main
+from tests.checkout import ROOT, environment
 from torch_pjrt.tools import bench
 
 FAST = ["--steps", "2", "--warmup", "1", "--no-progress"]
@@ -233,3 +236,30 @@ def test_quick_finishes_in_two_minutes(tmp_path: Path) -> None:
         (w, m, t) for w in bench.QUICK_WORKLOADS for m in bench.MODES for t in bench.available_targets()}
     assert all(r["status"] == "ok" for r in report["rows"]), [r["error"] for r in report["rows"]]
     assert all(r["graphs"] >= 1 for r in report["rows"] if r["target"] in ("pjrt-compile", "inductor"))
+
+
+def test_json_alone_goes_to_stdout_and_the_table_to_stderr(capsys) -> None:
+    assert main(["bench", "--model", "tests.test_bench:tiny_lm", "--targets", "cpu", "--modes", "infer",
+                 "--json", *FAST]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # nothing but the JSON on stdout
+    assert [(r["target"], r["status"]) for r in report["rows"]] == [("cpu", "ok")]
+    assert "torch-pjrt bench" in captured.err and "p50 ms" in captured.err
+
+
+def test_plot_without_matplotlib_stops_before_the_run_with_the_hint_verbatim(tmp_path: Path) -> None:
+    """matplotlib made unimportable in a real `torch-pjrt` process (no mock of torch)."""
+    script = ("import sys\n"
+              "sys.modules['matplotlib'] = None  # `import matplotlib` raises ImportError\n"
+              "sys.argv = ['/venv/bin/torch-pjrt', *sys.argv[1:]]\n"
+              "from torch_pjrt.cli import main\n"
+              "sys.exit(main())\n")
+    png = tmp_path / "bars.png"
+    result = subprocess.run([sys.executable, "-c", script, "bench", "--workloads", "mlp", "--targets", "cpu",
+                             "--plot", str(png), *FAST], capture_output=True, text=True, env=environment(),
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert bench.PLOT_NEEDS_MATPLOTLIB in result.stdout  # `[bench]` survives rich's markup
+    assert "pip install 'torch-pjrt[bench]'" in result.stdout
+    assert "bench wall time" not in result.stdout  # nothing ran
+    assert not png.exists()

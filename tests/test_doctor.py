@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -14,8 +15,10 @@ import torch_pjrt
 from torch_pjrt.cli import main
 from torch_pjrt.tools import doctor
 
-KEYS = {"python", "packages", "jax_plugins", "autoload", "environment", "torch", "jax",
-        "compilers", "runtime", "problems"}
+KEYS = {"python", "packages", "jax_plugins", "autoload", "environment", "torch", "jax", "pjrt",
+        "compilers", "runtime", "variables", "problems"}
+ROOT = Path(__file__).resolve().parents[1]
+VARIABLE = re.compile(r"TORCH_PJRT_[A-Z][A-Z0-9_]*")
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +134,75 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str], info: dict) -> N
     for title in ("Versions", "JAX / PJRT", "PyTorch", "Build", "Environment"):
         assert title in out
     assert info["packages"]["torch"] in out
+
+
+def test_every_documented_variable_is_listed_and_every_one_the_code_reads_is_known() -> None:
+    documented = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        documented |= set(VARIABLE.findall(doc.read_text(encoding="utf-8")))
+    assert documented == set(doctor.VARIABLES)
+    read = set()
+    for source in (ROOT / "torch_pjrt").rglob("*.py"):
+        if not source.name.startswith("audit"):  # the audit's rules mention variables of scanned projects
+            read |= set(VARIABLE.findall(source.read_text(encoding="utf-8")))
+    assert read <= set(doctor.VARIABLES) | set(doctor.INTERNAL_VARIABLES)
+
+
+def test_the_defaults_are_the_ones_the_code_applies() -> None:
+    """Each `environ.get("TORCH_PJRT_X", "default")` in the sources has doctor's default."""
+    applied = {}
+    for source in (ROOT / "torch_pjrt").rglob("*.py"):
+        for name, default in re.findall(r"\.get\(\"(TORCH_PJRT_[A-Z0-9_]+)\", \"([^\"]*)\"\)", source.read_text()):
+            if default:  # "" stands for unset: the behaviour is described in words
+                applied[name] = default
+    assert applied  # the pattern still finds the reads
+    for name, default in applied.items():
+        assert doctor.VARIABLES[name] == default, name
+
+
+def test_set_variables_are_listed_with_their_effective_values(monkeypatch: pytest.MonkeyPatch,
+                                                             info: dict, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCH_PJRT_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_PJRT_FALLBACK", "Error")
+    monkeypatch.setenv("TORCH_PJRT_FALBACK", "error")  # a typo
+    monkeypatch.delenv("TORCH_PJRT_COLLECTIVES", raising=False)
+    listed = {v["name"]: v for v in doctor.variables(info["pjrt"])}
+    assert [name for name in listed if listed[name]["known"]] == list(doctor.VARIABLES)
+    assert listed["TORCH_PJRT_DUMP_DIR"] == {"name": "TORCH_PJRT_DUMP_DIR", "set": True, "value": str(tmp_path),
+                                             "effective": str(tmp_path), "known": True}
+    assert listed["TORCH_PJRT_CACHE_DIR"]["effective"] == str(tmp_path / "cache")
+    assert listed["TORCH_PJRT_FALLBACK"]["effective"] == "error"  # fallback.mode() lowercases it
+    assert listed["TORCH_PJRT_COLLECTIVES"] == {"name": "TORCH_PJRT_COLLECTIVES", "set": False, "value": None,
+                                                "effective": "auto", "known": True}
+    assert listed["TORCH_PJRT_PLATFORM"]["effective"] == "cpu"  # conftest: the CPU platform
+    assert listed["TORCH_PJRT_CPU_DEVICES"]["effective"] == "2"
+    assert listed["TORCH_PJRT_FALBACK"]["known"] is False
+    problems = doctor.problems({**info, "variables": list(listed.values())})
+    assert "TORCH_PJRT_FALBACK is set but torch-pjrt reads no such variable (a typo?)" in problems
+
+    monkeypatch.setenv("TORCH_PJRT_FALLBACK", "loud")
+    listed = {v["name"]: v for v in doctor.variables(info["pjrt"])}
+    assert listed["TORCH_PJRT_FALLBACK"]["effective"].startswith("invalid: ValueError: TORCH_PJRT_FALLBACK must be")
+
+
+def test_total_memory_is_the_allocators_capacity_on_the_cpu_platform(info: dict) -> None:
+    import torch
+
+    props = torch.pjrt.get_device_properties(0)
+    assert isinstance(props.total_memory, int) and props.total_memory > 0
+    assert props.total_memory / 2**30 > 0  # the usual CUDA idiom works
+    assert props.total_memory == torch.pjrt.memory_stats(0)["capacity_bytes"]
+    assert f"capacity: {props.total_memory / 2**20:.0f} MiB" in torch.pjrt.memory_summary(0)
+    assert [d["total_memory"] for d in info["pjrt"]["devices"]] == [
+        torch.pjrt.get_device_properties(i).total_memory for i in range(torch.pjrt.device_count())]
+
+
+def test_the_table_shows_capacity_and_variables(capsys: pytest.CaptureFixture[str], info: dict) -> None:
+    doctor.render(info)
+    out = capsys.readouterr().out
+    assert "memory unknown" not in out
+    capacity = info["pjrt"]["devices"][0]["total_memory"]
+    assert f"of {capacity / 2**30:.1f} GiB (allocator capacity)" in out
+    for name in doctor.VARIABLES:
+        assert name in out

@@ -69,6 +69,9 @@ def _setup() -> None:
     from .kernels import hooks
 
     hooks.install()  # custom kernels behind aten ops: SDPA -> flash attention, _grouped_mm (kernels/hooks.py)
+    from . import fork_safety
+
+    fork_safety.install()  # DataLoader workers: no JAX fork warning; other forks: one explanation
     _ready = True
 
 
@@ -163,5 +166,23 @@ def _imported_by_torch() -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
-if not _imported_by_torch():  # autoload calls _autoload(), which must not raise
+def _running_the_command() -> bool:
+    """True while the `torch-pjrt` command imports us (its console script, or
+    `python -m torch_pjrt.cli`): cli.py sets the device up for the subcommands that use it,
+    so `--help` and the static `audit` never import torch."""
+    import re
+    import sys
+
+    argv = getattr(sys, "argv", None) or [""]
+    if re.search(r"(^|[/\\])torch-pjrt(-script\.pyw?|\.exe)?$", argv[0]):
+        return True
+    # `python -m`: runpy imports the package while sys.argv[0] is "-m"
+    interpreter_argv = getattr(sys, "orig_argv", [])
+    if argv[0] != "-m" or "-m" not in interpreter_argv[1:]:
+        return False
+    module = interpreter_argv[interpreter_argv.index("-m", 1) + 1:][:1]
+    return module == ["torch_pjrt.cli"]
+
+
+if not _imported_by_torch() and not _running_the_command():  # autoload calls _autoload(), which must not raise
     _setup()

@@ -2,24 +2,69 @@
 
 Each subcommand is one registration function in SUBCOMMANDS: it adds its parser and sets
 `run`, a function of the parsed arguments that returns the exit code. Heavy modules (torch,
-jax, rich) are imported inside `run`, so `torch-pjrt --help` stays instant. To add a
+jax, rich) are imported inside `run`, and `import torch_pjrt` does not set the device up
+in this command (torch_pjrt/__init__.py), so `--help`, `--version` and the static `audit`
+never import torch; `doctor`, `demo` and `bench` set it up through `_device()`. To add a
 subcommand, write one `_add_<name>(subparsers)` function and append it to SUBCOMMANDS.
+
+Conventions shared by the subcommands: `--json [FILE]` (torch_pjrt/tools/output.py: stdout
+by default or with `-`, else FILE); a usage error (an unknown option, a missing path) shows
+the subcommand's own usage and exits 2; a closed pipe (`torch-pjrt audit --json | head`)
+ends the command quietly, as Unix tools do.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
+
+import torch_pjrt
+from torch_pjrt.tools.output import STDOUT
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """--help with each option's default, unless it has none worth showing (None, a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
+class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter that keeps the description as written: the examples' docstrings, with
+    their paragraphs and command lines."""
+
+
+class UsageError(Exception):
+    """A bad command line found while running: reported with the subcommand's usage, exit 2."""
+
+
+def _add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", nargs="?", const=STDOUT, metavar="FILE",
+                        help=f"{what} as JSON, to stdout (alone or with -) or to FILE")
+
+
+def _device() -> None:
+    """Register the pjrt device (a no-op when `import torch` autoloaded it): the commands
+    that use it call this, since `import torch_pjrt` leaves it to them here."""
+    torch_pjrt._setup()
+
 
 def _add_audit(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "audit", help="inventory what binds a Python project to CUDA",
         description="Scan Python files, notebooks, requirements and setup files for CUDA "
                     "lock-in; classify each finding and estimate the effort to move off CUDA.")
-    parser.add_argument("path", nargs="?", default=".", help="project directory or file")
+    parser.add_argument("path", nargs="?", help="project directory or file (default: .)")
     output = parser.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="print the report as JSON")
+    output.add_argument("--json", nargs="?", const=STDOUT, metavar="FILE.json",
+                        help="the report as JSON, to stdout (alone or with -) or to FILE.json "
+                             "(an argument not ending in .json is the project path)")
     output.add_argument("--markdown", action="store_true",
                         help="print a Markdown report with a per-category effort estimate")
     output.add_argument("--fix", action="store_true",
@@ -33,23 +78,39 @@ def _add_audit(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.set_defaults(run=_run_audit)
 
 
-def _run_audit(args: argparse.Namespace) -> int:
-    import json
+def _audit_path_and_json(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(project path, JSON destination). `audit --json proj` means the project proj, JSON to
+    stdout: argparse gives the word after --json to --json, and only a name ending in .json
+    (never a source file) is taken as the output file."""
+    path, destination = args.path, args.json
+    if destination not in (None, STDOUT) and not destination.endswith(".json"):
+        if path is not None:
+            raise UsageError(f"--json {destination}: the output file must end in .json "
+                             f"(or use --json alone for stdout)")
+        path, destination = destination, STDOUT
+    return (path if path is not None else "."), destination
 
+
+def _run_audit(args: argparse.Namespace) -> int:
     from torch_pjrt.tools import audit, audit_fix
     from torch_pjrt.tools.audit_rules import Severity
+    from torch_pjrt.tools.output import write_json
 
-    report = audit.audit(args.path)
-    if args.json:
-        print(json.dumps(audit.to_json(report), indent=2))
-    elif args.markdown:
+    path, json_destination = _audit_path_and_json(args)
+    try:
+        report = audit.audit(path)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    if json_destination:
+        write_json(audit.to_json(report), json_destination)
+    if args.markdown:
         print(audit.to_markdown(report), end="")
     elif args.fix:
         print(audit_fix.unified_diff(report), end="")
     elif args.write:
-        for path in audit_fix.write_fixes(report):
-            print(f"rewrote {path}")
-    else:
+        for rewritten in audit_fix.write_fixes(report):
+            print(f"rewrote {rewritten}")
+    elif json_destination != STDOUT:  # with --json alone, stdout carries the JSON only
         audit.print_table(report)
     if args.fail_on:
         threshold = Severity.from_slug(args.fail_on)
@@ -63,14 +124,14 @@ def _add_doctor(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
         "doctor", help="report versions, devices, compilers and the runtime build",
         description="Report what torch-pjrt runs on: torch, jax and plugin versions, the "
                     "PJRT platform and devices, autoload, compilers, the C++ runtime build.")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_json_option(parser, "the report")
     parser.set_defaults(run=_run_doctor)
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
     from torch_pjrt.tools import doctor
 
-    return doctor.run(as_json=args.json)
+    return doctor.run(json_destination=args.json)  # sets the device up itself, reporting a failure
 
 
 def _add_demo(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -91,6 +152,7 @@ def _add_demo(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    _device()
     from torch_pjrt.tools import demo
 
     return demo.run(steps=args.steps, batch_size=args.batch_size, size=args.size, cpu=not args.no_cpu,
@@ -122,7 +184,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         help="price per hour of a target or device, e.g. pjrt=1.2 cpu=0.1 "
                              "(repeatable; defaults: cpu=0.1, cuda=2.5, tpu=1.2, pjrt priced "
                              "as its platform)")
-    parser.add_argument("--json", metavar="PATH", help="write every field of every row as JSON")
+    _add_json_option(parser, "every field of every row")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of throughput bars (matplotlib)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads); "
                                                     "1 gives steadier CPU timings on a shared machine")
@@ -134,6 +196,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    _device()
     from torch_pjrt.tools import bench
 
     return bench.main(args)
@@ -149,20 +212,49 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ign
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="torch-pjrt", description="torch-pjrt: PyTorch on every PJRT accelerator.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+        prog="torch-pjrt", description="torch-pjrt: PyTorch on every PJRT accelerator.",
+        formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"torch-pjrt {torch_pjrt.__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       parser_class=functools.partial(argparse.ArgumentParser,
+                                                                      formatter_class=HelpFormatter))
     for add in SUBCOMMANDS:
         add(subparsers)
     return parser
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        # stdout is gone: point it at /dev/null so that the flush at exit raises nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1  # what rich's Console does on a closed pipe, so every subcommand ends alike
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_known_args: argparse reports a subcommand's unknown option with the top-level
+    # usage; the subcommand's own usage is the one that helps
+    args, unknown = parser.parse_known_args(argv)
     if args.command is None:
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         parser.print_help()
         return 2
-    return int(args.run(args))
+    command = _subcommand_parser(parser, args.command)
+    if unknown:
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return int(args.run(args))
+    except UsageError as error:
+        command.error(str(error))
 
 
 if __name__ == "__main__":

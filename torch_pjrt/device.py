@@ -86,7 +86,7 @@ class DeviceProperties:
     platform: str
     kind: str
     index: int
-    total_memory: int | None
+    total_memory: int  # bytes the allocator lets the device hold (memory_summary's capacity)
 
 
 def get_device_name(device=None) -> str:
@@ -96,10 +96,12 @@ def get_device_name(device=None) -> str:
 def get_device_properties(device=None) -> DeviceProperties:
     i = _index(device)
     d = platform.device(i)
-    stats = platform._jax_memory_stats(i) or {}
     kind = getattr(d, "device_kind", d.platform)
+    # the allocator's capacity: JAX's bytes_limit where the platform reports one, else (the
+    # CPU platform) the host memory the runtime budgets for, never None, so that the usual
+    # `props.total_memory / 2**30` works as on CUDA
     return DeviceProperties(name=f"{kind} ({d.platform}:{d.id})", platform=d.platform, kind=kind, index=i,
-                            total_memory=stats.get("bytes_limit"))
+                            total_memory=int(memory_stats(i)["capacity_bytes"]))
 
 
 def get_device_capability(device=None) -> tuple[int, int]:

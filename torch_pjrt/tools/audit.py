@@ -897,6 +897,8 @@ def _files(root: Path) -> Iterator[Path]:
 def audit(path: str | os.PathLike[str]) -> AuditReport:
     """Scan a project directory (or one file) for what binds it to CUDA."""
     target = Path(path).resolve()
+    if not target.exists():  # else a typo would audit its parent directory and find nothing
+        raise FileNotFoundError(f"no such file or directory: {path}")
     root = target if target.is_dir() else target.parent
     report = AuditReport(root=root)
     for file in (_files(root) if target.is_dir() else iter([target])):

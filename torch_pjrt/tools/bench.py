@@ -17,7 +17,8 @@ loading). A row times `warmup` untimed-for-statistics steps, the first of which 
 then `steps` timed steps, each ended by a device synchronize. A row that fails (a compile
 error, a missing op) is recorded with its error and the run goes on.
 
-`run_bench()` returns a JSON-ready dict; `render()`, `write_json()` and `plot()` present it.
+`run_bench()` returns a JSON-ready dict; `render()` and `plot()` present it (the JSON is written by
+`torch_pjrt.tools.output.write_json`, the convention of every `--json`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import dataclasses
 import datetime
 import importlib
 import importlib.util
-import json
 import math
 import os
 import platform as _platform
@@ -718,10 +718,6 @@ def _host(torch) -> dict:
 # ------------------------------------------------------------------------------------
 # output
 # ------------------------------------------------------------------------------------
-def write_json(report: dict, path: str | os.PathLike) -> None:
-    Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-
-
 def _bytes(n: int | None) -> str:
     if n is None:
         return "-"
@@ -803,14 +799,30 @@ def _short(text: str | None, width: int = 70) -> str:
     return first if len(first) <= width else first[: width - 1] + "…"
 
 
-def plot(report: dict, path: str | os.PathLike) -> None:
-    """Side-by-side bars of throughput: a panel per (workload, mode), a bar per target, in
-    the same colour everywhere. Tokens/s for workloads with tokens, samples/s otherwise;
-    a failed or unavailable target gets an empty slot marked with its status."""
+PLOT_NEEDS_MATPLOTLIB = "--plot needs matplotlib: pip install 'torch-pjrt[bench]' (or pip install matplotlib)"
+
+
+def plot_unavailable() -> str | None:
+    """Why --plot cannot work here (matplotlib missing or broken), checked before the run so
+    that a long run does not end in that error."""
     try:
-        import matplotlib
-    except ImportError as e:
-        raise RuntimeError("--plot needs matplotlib: pip install 'torch-pjrt[bench]' (or matplotlib)") from e
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return PLOT_NEEDS_MATPLOTLIB
+    return None
+
+
+def plot(report: dict, path: str | os.PathLike) -> None:
+    """Side-by-side bars of throughput on a log axis (CPU rows and compiled GPU rows differ by
+    orders of magnitude): a panel per (workload, mode), a bar per target, in the same colour
+    everywhere. Tokens/s for workloads with tokens, samples/s otherwise. A whisker reaches down
+    to the throughput of a step at the p95 latency; a failed or unavailable target gets an
+    empty slot marked with its status. The title names the platform, device and machine load."""
+    reason = plot_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    import matplotlib
+
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -828,25 +840,47 @@ def plot(report: dict, path: str | os.PathLike) -> None:
             mine = {r["target"]: r for r in rows if r["workload"] == workload and r["mode"] == mode}
             key = "tokens_per_s" if any(r["tokens_per_s"] for r in mine.values()) else "samples_per_s"
             values = [(mine.get(t) or {}).get(key) or 0 for t in targets]
-            bars = ax.bar(range(len(targets)), values, color=[colors[k % len(colors)] for k in range(len(targets))])
-            top = max(values + [1])
-            for k, (bar, t) in enumerate(zip(bars, targets)):
+            at_p95 = [_throughput_at_p95(mine.get(t), key) for t in targets]
+            drawn = [v for v in values + at_p95 if v > 0] or [1.0]
+            bottom, top = min(drawn) / 3, max(drawn) * 4  # room below the whiskers, above the labels
+            ax.set_yscale("log")
+            # bars start at the axis' bottom (a log axis has no 0): height is value - bottom
+            ax.bar(range(len(targets)), [v - bottom if v > 0 else float("nan") for v in values],
+                   bottom=bottom, color=[colors[k % len(colors)] for k in range(len(targets))],
+                   yerr=[[max(0.0, v - w) if v > 0 and w > 0 else 0.0 for v, w in zip(values, at_p95)],
+                         [0.0] * len(values)], capsize=3, error_kw={"elinewidth": 1})
+            for k, t in enumerate(targets):
                 r = mine.get(t)
                 if r is not None and r["status"] != "ok":
-                    ax.text(k, top * 0.03, r["status"], rotation=90, ha="center", va="bottom", fontsize=8, color="red")
+                    ax.text(k, bottom * 1.2, r["status"], rotation=90, ha="center", va="bottom", fontsize=8,
+                            color="red")
                 elif values[k]:
-                    ax.text(k, values[k], _si(values[k]), ha="center", va="bottom", fontsize=7)
-            ax.set_ylim(0, top * 1.15)
+                    ax.text(k, values[k] * 1.1, _si(values[k]), ha="center", va="bottom", fontsize=7)
+            ax.set_ylim(bottom, top)
+            ax.set_xlim(-0.6, len(targets) - 0.4)  # a slot without a bar (a failed target) stays in view
             ax.set_xticks(range(len(targets)), targets, rotation=30, ha="right", fontsize=8)
             name = workload if len(workload) < 28 else workload[:27] + "…"
             ax.set_title(f"{name} {mode}", fontsize=10)
             ax.set_ylabel(key.replace("_per_s", "/s"), fontsize=8)
-            ax.tick_params(axis="y", labelsize=7)
+            ax.tick_params(axis="y", which="both", labelsize=7)
             ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("torch-pjrt bench: throughput (higher is better)", fontsize=11)
+    host = report["host"]
+    load = host.get("load_average_1min")
+    fig.suptitle("torch-pjrt bench: throughput, log scale\nwhisker: a step at p95 latency\n"
+                 f"pjrt on {host.get('pjrt_platform')}, {host.get('pjrt_device')}; "
+                 f"load {'?' if load is None else f'{load:.1f}'} on {host.get('cpu_count')} CPUs",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _throughput_at_p95(row: dict | None, key: str) -> float:
+    """Throughput of one step that took the p95 latency (0 without one): the whisker's end."""
+    if not row or row["status"] != "ok" or not row["latency_p95_ms"]:
+        return 0.0
+    per_step = row["tokens_per_step"] if key == "tokens_per_s" else row["samples_per_step"]
+    return per_step / (row["latency_p95_ms"] / 1e3) if per_step else 0.0
 
 
 def _si(value: float) -> str:
@@ -859,9 +893,17 @@ def _si(value: float) -> str:
 def main(args) -> int:
     """The CLI's `bench` (see cli._add_bench)."""
     from rich.console import Console
+    from rich.markup import escape
 
+    from torch_pjrt.tools.output import to_stdout, write_json
+
+    # --json alone: stdout carries the JSON, the table goes to stderr
+    stream = sys.stderr if to_stdout(args.json) else sys.stdout
     # wide enough for the table when the output is a file or a pipe (rich assumes 80 there)
-    console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS", 160)))
+    console = Console(file=stream, width=None if stream.isatty() else int(os.environ.get("COLUMNS", 160)))
+    if args.plot and plot_unavailable():
+        console.print(escape(plot_unavailable()), style="red", highlight=False)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -875,12 +917,9 @@ def main(args) -> int:
     render(report, console)
     if args.json:
         write_json(report, args.json)
-        console.print(f"wrote {args.json}")
+        if not to_stdout(args.json):
+            console.print(f"wrote {escape(args.json)}", highlight=False)
     if args.plot:
-        try:
-            plot(report, args.plot)
-            console.print(f"wrote {args.plot}")
-        except RuntimeError as e:
-            console.print(f"[red]{e}[/red]")
-            return 1
+        plot(report, args.plot)
+        console.print(f"wrote {escape(args.plot)}", highlight=False)
     return 0

@@ -126,11 +126,13 @@ class GPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
     @torch.no_grad()
-    def generate(self, idx, new_tokens: int, generator: torch.Generator, temperature: float = 0.8):
+    def generate(self, idx, new_tokens: int, generator: torch.Generator, temperature: float = 0.8,
+                 on_token=None):
         """Append `new_tokens` sampled tokens to idx (B, T). The model sees the last
         block_size tokens; give it a prompt of at least block_size tokens and every step has
         the same shapes (one set of executables on pjrt). Sampling draws from a CPU generator
-        on CPU probabilities, so the same weights give the same text on every device."""
+        on CPU probabilities, so the same weights give the same text on every device.
+        `on_token()` is called after each token (a progress bar)."""
         was_training = self.training
         self.eval()
         for _ in range(new_tokens):
@@ -138,6 +140,8 @@ class GPT(nn.Module):
             probs = F.softmax(logits.float(), dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=generator).to(idx.device)
             idx = torch.cat([idx, nxt], dim=1)
+            if on_token is not None:
+                on_token()
         self.train(was_training)
         return idx
 
@@ -221,20 +225,27 @@ def gpt_setup(device, *, seed: int = 0, n_layer: int = 4, n_embd: int = 128, n_h
     return data, model, opt
 
 
-def train_gpt(data: CharData, model: GPT, opt, device, steps: int, *, batch_size: int = 8, seed: int = 1,
-              on_step=None) -> list[float]:
-    """Train `steps` steps; returns the losses. `on_step(step, loss_tensor)` may report progress."""
+def training_steps(data: CharData, model: GPT, opt, device, *, batch_size: int = 8, seed: int = 1):
+    """AdamW steps with gradient clipping, one per next(): yields each step's loss (detached).
+    A generator, so that two runs (the demo's pjrt and CPU) can be interleaved step by step."""
     generator = torch.Generator().manual_seed(seed)
-    losses = []
     model.train()
-    for step in range(steps):
+    while True:
         x, y = data.batch(generator, batch_size, model.cfg.block_size)
         _, loss = model(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.detach())
+        yield loss.detach()
+
+
+def train_gpt(data: CharData, model: GPT, opt, device, steps: int, *, batch_size: int = 8, seed: int = 1,
+              on_step=None) -> list[float]:
+    """Train `steps` steps; returns the losses. `on_step(step, loss_tensor)` may report progress."""
+    losses = []
+    for step, loss in zip(range(steps), training_steps(data, model, opt, device, batch_size=batch_size, seed=seed)):
+        losses.append(loss)
         if on_step is not None:
             on_step(step, loss)
     return [float(l) for l in torch.stack(losses).cpu()]

@@ -8,7 +8,6 @@ crashing on it. `render()` prints that dict with rich.
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import json
 import os
 import platform
 import shutil
@@ -19,9 +18,35 @@ from typing import Any
 PACKAGES = ("torch", "jax", "jaxlib", "torch-pjrt", "numpy", "ml_dtypes")
 PLUGIN_PREFIXES = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu", "jax-tpu",
                    "jax-neuronx", "jax-metal")
-ENVIRONMENT = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_PJRT_PLATFORM", "TORCH_PJRT_CPU_DEVICES",
-               "TORCH_PJRT_FALLBACK", "JAX_PLATFORMS", "XLA_FLAGS",
+ENVIRONMENT = ("TORCH_DEVICE_BACKEND_AUTOLOAD", "JAX_PLATFORMS", "XLA_FLAGS",
                "XLA_PYTHON_CLIENT_MEM_FRACTION")
+# Every TORCH_PJRT_* variable that README.md and docs/ document, and what applies when it is
+# unset, as the code that reads it decides (tests/test_doctor.py checks both against the
+# sources). Computed effective values (the platform, the cache directory) are in variables().
+VARIABLES = {
+    "TORCH_PJRT_PLATFORM": "JAX's default backend",
+    "TORCH_PJRT_CPU_DEVICES": "1",
+    "TORCH_PJRT_FALLBACK": "warn",
+    "TORCH_PJRT_SYNC_INDEX_CHECKS": "0",
+    "TORCH_PJRT_EAGER_FAST_PATH": "1",
+    "TORCH_PJRT_CACHE_DIR": "$XDG_CACHE_HOME/torch_pjrt (~/.cache/torch_pjrt)",
+    "TORCH_PJRT_COMPILE_CACHE": "1",
+    "TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS": "0.5",
+    "TORCH_PJRT_COMPILE_FALLBACK": "error",
+    "TORCH_PJRT_DUMP_DIR": "no dumps",
+    "TORCH_PJRT_AUTOTUNE": "on GPU and TPU only",
+    "TORCH_PJRT_FLASH_SDPA": "1",
+    "TORCH_PJRT_COLLECTIVES": "auto",
+    "TORCH_PJRT_COLLECTIVE_CHECKS": "1",
+    "TORCH_PJRT_JAX_DISTRIBUTED": "1",
+    "TORCH_PJRT_COORDINATOR": "MASTER_ADDR:MASTER_PORT+1",
+    "TORCH_PJRT_INIT_TIMEOUT_S": "300",
+    "TORCH_PJRT_HEARTBEAT_S": "100",
+    "TORCH_PJRT_SHUTDOWN_S": "30",
+    "TORCH_PJRT_LOCAL_DEVICE_IDS": "LOCAL_RANK",
+}
+# read by the code but meant for its own tests and tools, so not documented for users
+INTERNAL_VARIABLES = ("TORCH_PJRT_COMPILER_ID", "TORCH_PJRT_BENCH_TRACEBACK")
 TOOLS = ("c++", "g++", "ninja")
 AUTOLOAD_VARIABLE = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
@@ -116,6 +141,75 @@ def tool_info(name: str) -> dict[str, str | None]:
     return {"path": path, "version": version}
 
 
+def pjrt_info() -> dict[str, Any]:
+    """The pjrt devices as torch sees them. Sets the device up (a no-op after autoload) and
+    reports a failure. total_memory is the capacity the allocator enforces, also where JAX
+    reports no memory statistics (the CPU platform)."""
+    try:
+        import torch
+
+        import torch_pjrt
+
+        torch_pjrt._setup()
+        devices = []
+        for index in range(torch.pjrt.device_count()):
+            props = torch.pjrt.get_device_properties(index)
+            devices.append({"index": index, "name": props.name, "platform": props.platform,
+                            "total_memory": props.total_memory,
+                            "memory_allocated": torch.pjrt.memory_allocated(index)})
+        platform_name = devices[0]["platform"] if devices else None
+        return {"available": True, "platform": platform_name, "devices": devices, "error": None}
+    except Exception as error:
+        return {"available": False, "platform": None, "devices": [], "error": _error(error)}
+
+
+def variables(pjrt: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each documented TORCH_PJRT_* variable: whether it is set, its value, and the value in
+    effect, computed by the code that reads it where that code can say; then any other
+    TORCH_PJRT_* variable that is set, marked unknown (a typo is otherwise silently ignored)."""
+    computed: dict[str, Any] = {}
+    if pjrt["platform"]:
+        computed["TORCH_PJRT_PLATFORM"] = lambda: pjrt["platform"]
+        computed["TORCH_PJRT_CPU_DEVICES"] = lambda: (str(len(pjrt["devices"])) if pjrt["platform"] == "cpu"
+                                                      else f"not used on {pjrt['platform']}")
+
+        def autotune() -> str:
+            from torch_pjrt.kernels import autotune as tuner
+
+            return "on" if tuner.enabled(pjrt["platform"]) else "off"
+
+        computed["TORCH_PJRT_AUTOTUNE"] = autotune
+
+    def cache_dir() -> str:
+        from torch_pjrt.runtime import build
+
+        return str(build.cache_dir())
+
+    def fallback() -> str:
+        from torch_pjrt.eager import fallback as cpu_fallback
+
+        return cpu_fallback.mode()
+
+    computed["TORCH_PJRT_CACHE_DIR"] = cache_dir
+    computed["TORCH_PJRT_FALLBACK"] = fallback
+    out = []
+    for name, default in VARIABLES.items():
+        value = os.environ.get(name)
+        effective = value if value is not None else default
+        if name in computed:
+            try:
+                effective = computed[name]()
+            except Exception as error:  # an invalid value: the code's own message
+                effective = f"invalid: {_error(error)}"
+        out.append({"name": name, "set": value is not None, "value": value, "effective": effective,
+                    "known": True})
+    for name in sorted(os.environ):
+        if name.startswith("TORCH_PJRT_") and name not in VARIABLES and name not in INTERNAL_VARIABLES:
+            out.append({"name": name, "set": True, "value": os.environ[name], "effective": None,
+                        "known": False})
+    return out
+
+
 def runtime_info() -> dict[str, Any]:
     """The C++ runtime's build status, from torch_pjrt.runtime.build.build_info()."""
     try:
@@ -131,6 +225,8 @@ def runtime_info() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     """Everything the doctor reports, as one JSON-ready dict."""
+    torch = torch_info()
+    pjrt = pjrt_info()  # before jax_info: the device's platform settings precede JAX's first backend
     info: dict[str, Any] = {
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},
@@ -138,11 +234,13 @@ def collect() -> dict[str, Any]:
         "jax_plugins": jax_plugins(),
         "autoload": autoload_info(),
         "environment": {name: os.environ.get(name) for name in ENVIRONMENT},
-        "torch": torch_info(),
+        "torch": torch,
         "jax": jax_info(),
+        "pjrt": pjrt,
         "compilers": {name: tool_info(name) for name in TOOLS},
         "runtime": runtime_info(),
     }
+    info["variables"] = variables(info["pjrt"])
     info["problems"] = problems(info)
     return info
 
@@ -154,6 +252,13 @@ def problems(info: dict[str, Any]) -> list[str]:
         out.append(f"torch: {info['torch']['error']}")
     if info["jax"]["error"]:
         out.append(f"jax: {info['jax']['error']}")
+    if info["pjrt"]["error"]:
+        out.append(f"the pjrt device could not be set up: {info['pjrt']['error']}")
+    for variable in info["variables"]:
+        if not variable["known"]:
+            out.append(f"{variable['name']} is set but torch-pjrt reads no such variable (a typo?)")
+        elif str(variable["effective"]).startswith("invalid: "):
+            out.append(f"{variable['name']}={variable['value']}: {variable['effective'][len('invalid: '):]}")
     if info["autoload"]["entry_point"] is None:
         out.append("the torch.backends entry point 'pjrt' is not installed "
                    "(pip install torch-pjrt); `import torch_pjrt` is needed")
@@ -180,6 +285,7 @@ def _bytes(count: int | None) -> str:
 def render(info: dict[str, Any], console: Any = None) -> None:
     """Print a collect() dict as rich tables."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     out = console if console is not None else Console()
@@ -203,7 +309,8 @@ def render(info: dict[str, Any], console: Any = None) -> None:
     for device in info["jax"]["devices"]:
         memory = device["memory"]
         described = (f"{_bytes(memory.get('bytes_in_use'))} used of "
-                     f"{_bytes(memory.get('bytes_limit'))}" if memory else "memory unknown")
+                     f"{_bytes(memory.get('bytes_limit'))}" if memory
+                     else "no memory statistics from JAX (the pjrt allocator's capacity: below)")
         jax_rows.append((f"device {device['id']}", f"{device['platform']} {device['kind']}, "
                                                    f"{described}"))
     if info["jax"]["error"]:
@@ -220,6 +327,11 @@ def render(info: dict[str, Any], console: Any = None) -> None:
     if info["torch"]["error"]:
         torch_rows.append(("error", f"[red]{info['torch']['error']}[/]"))
     section("PyTorch", torch_rows)
+    pjrt = info["pjrt"]
+    section("pjrt device", [(f"pjrt:{d['index']}", f"{d['name']}, {_bytes(d['memory_allocated'])} allocated of "
+                                                  f"{_bytes(d['total_memory'])} (allocator capacity)")
+                            for d in pjrt["devices"]]
+            or [("error", f"[red]{escape(str(pjrt['error']))}[/]")])
     section("Build", [(name, f"{show(tool['path'])} {tool['version'] or ''}".strip())
                       for name, tool in info["compilers"].items()]
             + [(f"runtime {key}", str(value)) for key, value in info["runtime"].items()
@@ -228,6 +340,17 @@ def render(info: dict[str, Any], console: Any = None) -> None:
                if not info["runtime"]["available"] else []))
     section("Environment", [(k, v) for k, v in info["environment"].items() if v is not None]
             or [("(none set)", "")])
+    variable_rows = []
+    for v in info["variables"]:
+        if not v["known"]:
+            state = f"[yellow]set to {escape(v['value'])}: unknown variable[/]"
+        elif v["set"]:
+            state = f"[bold]set[/] to {escape(v['value'])}" + (
+                f", in effect {escape(str(v['effective']))}" if v["effective"] != v["value"] else "")
+        else:
+            state = f"unset: {escape(str(v['effective']))}"
+        variable_rows.append((v["name"], state))
+    section("torch-pjrt variables", variable_rows)
     if info["problems"]:
         for problem in info["problems"]:
             out.print(f"[yellow]![/] {problem}")
@@ -235,11 +358,14 @@ def render(info: dict[str, Any], console: Any = None) -> None:
         out.print("[green]no problems found[/]")
 
 
-def run(as_json: bool = False) -> int:
-    """The `doctor` command: 1 if torch or jax cannot be used, else 0."""
+def run(json_destination: str | None = None) -> int:
+    """The `doctor` command: 1 if torch or jax cannot be used, else 0. `json_destination`:
+    see torch_pjrt/tools/output.py."""
+    from torch_pjrt.tools.output import to_stdout, write_json
+
     info = collect()
-    if as_json:
-        print(json.dumps(info, indent=2, default=str))
-    else:
+    if json_destination:
+        write_json(info, json_destination)
+    if not to_stdout(json_destination):
         render(info)
     return 1 if info["torch"]["error"] or info["jax"]["error"] else 0
