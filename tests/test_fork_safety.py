@@ -1,4 +1,4 @@
-"""Forking after the pjrt device started JAX (torch_pjrt/fork_safety.py): DataLoader workers
+"""Forking after the pjrt device started JAX (torch_pjrt/runtime/fork_safety.py): DataLoader workers
 fork silently, any other fork explains itself once, and the 'spawn' advice works.
 
 Each case runs in a fresh process: warnings and fork hooks are process-wide.

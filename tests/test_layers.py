@@ -14,7 +14,7 @@ import torch_pjrt
 # lower ranks. ops and runtime share a rank but must not import each other: the op table
 # is pure (no storage, no device), and the runtime knows no op.
 RANKS = {
-    "dtypes": 0,
+    "dtypes": 0, "version": 0,
     "ops": 1, "runtime": 1,
     "eager": 2,
     "distributed": 3,

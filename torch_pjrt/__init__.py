@@ -10,7 +10,7 @@ from __future__ import annotations
 # runs our entry point (_autoload) while this module is still initialising, so
 # everything it needs must already be defined.
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402,F401
 __all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", "export"]
 
 _ready = False
@@ -69,7 +69,7 @@ def _setup() -> None:
     from .kernels import hooks
 
     hooks.install()  # custom kernels behind aten ops: SDPA -> flash attention, _grouped_mm (kernels/hooks.py)
-    from . import fork_safety
+    from .runtime import fork_safety
 
     fork_safety.install()  # DataLoader workers: no JAX fork warning; other forks: one explanation
     _ready = True

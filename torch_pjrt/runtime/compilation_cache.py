@@ -25,7 +25,7 @@ _enabled: list = []
 
 
 def directory() -> Path:
-    from .. import __version__
+    from ..version import __version__
 
     return cache_dir() / "xla" / f"jax{jax.__version__}-torch{torch.__version__}-pjrt{__version__}"
 

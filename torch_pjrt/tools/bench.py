@@ -672,17 +672,21 @@ def _compile_caches(cold: bool):
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    saved_env = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TORCH_PJRT_COMPILE_CACHE")}
+    import jax
+
+    saved_env = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR",)}
     saved_cfg = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
+    saved_xla = jax.config.jax_enable_compilation_cache  # on since import (runtime/compilation_cache.py)
     with tempfile.TemporaryDirectory(prefix="torch_pjrt_bench_") as tmp:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
-        os.environ["TORCH_PJRT_COMPILE_CACHE"] = "0"
+        jax.config.update("jax_enable_compilation_cache", False)
         inductor_config.fx_graph_cache = False
         functorch_config.enable_autograd_cache = False
         try:
             yield "off (--cold: fresh inductor cache directory, no persistent XLA cache)"
         finally:
             inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = saved_cfg
+            jax.config.update("jax_enable_compilation_cache", saved_xla)
             for k, v in saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
