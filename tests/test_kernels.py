@@ -143,8 +143,23 @@ def _sdpa_inputs(hk=2, dtype=torch.float32):
     return randn(2, 4, 20, 16, dtype=dtype), randn(2, hk, 24, 16, dtype=dtype), randn(2, hk, 24, 16, dtype=dtype)
 
 
+@pytest.fixture
+def flash_on_cpu(monkeypatch):
+    """The kernel serves SDPA on the CPU platform only when asked (there Pallas is interpreted)."""
+    monkeypatch.setenv("TORCH_PJRT_FLASH_SDPA", "1")
+
+
+def test_sdpa_on_the_cpu_platform_takes_the_math_path_by_default(monkeypatch):
+    monkeypatch.delenv("TORCH_PJRT_FLASH_SDPA", raising=False)
+    q, k, v = _sdpa_inputs()
+    got = F.scaled_dot_product_attention(*(t.to("pjrt").requires_grad_() for t in (q, k, v)), enable_gqa=True)
+    assert "Overrideable" not in type(got.grad_fn).__name__
+    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(got.detach().cpu(), want, atol=2e-6, rtol=2e-5)
+
+
 @pytest.mark.parametrize("causal", [False, True])
-def test_sdpa_on_pjrt_uses_flash_attention(causal):
+def test_sdpa_on_pjrt_uses_flash_attention(causal, flash_on_cpu):
     q, k, v = _sdpa_inputs()
     pq, pk, pv = (t.to("pjrt").requires_grad_() for t in (q, k, v))
     got = F.scaled_dot_product_attention(pq, pk, pv, is_causal=causal, enable_gqa=True)
@@ -159,7 +174,7 @@ def test_sdpa_on_pjrt_uses_flash_attention(causal):
         torch.testing.assert_close(p.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_sdpa_with_mask_float64_or_math_backend_takes_the_math_path():
+def test_sdpa_with_mask_float64_or_math_backend_takes_the_math_path(flash_on_cpu):
     q, k, v = _sdpa_inputs(hk=4)
     mask = torch.rand(20, 24) > 0.3
     for kwargs, inputs in (({"attn_mask": mask.to("pjrt")}, (q, k, v)),
@@ -183,7 +198,7 @@ def test_sdpa_mismatched_heads_without_gqa_raises_torchs_error():
     assert str(pjrt_error.value).split("!")[0] == str(cpu_error.value).split("!")[0]
 
 
-def test_compiled_sdpa_inlines_flash_attention(tmp_path):
+def test_compiled_sdpa_inlines_flash_attention(tmp_path, flash_on_cpu):
     import torch_pjrt
 
     torch._dynamo.reset()

@@ -8,7 +8,11 @@ eager calls and compiled graphs both use it, the latter inlined in the graph's e
 Anything else (a mask, dropout, odd head sizes, float64, symbolic sizes under dynamic=True)
 takes torch's math path, which decomposes into table ops as before.
 
-TORCH_PJRT_FLASH_SDPA=0 turns the kernel off (math everywhere).
+TORCH_PJRT_FLASH_SDPA chooses where the kernel serves SDPA: `auto` (the default) where Pallas
+runs natively (GPUs, TPUs); on the CPU platform Pallas is interpreted, and an eager Llama
+prefill of 8x512 took 15.7 s with the kernel against 4.0 s with the math path (torch CPU:
+4.7 s), so the CPU takes the math path. `1` uses it on every platform where shapes suit it
+(the CPU tests of the kernel), `0` nowhere.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ MAX_HEAD_DIM = 256
 def suits_flash(query, key, value, attn_mask, dropout_p: float) -> bool:
     """Where the flash kernel gives SDPA's result: 4-D, no mask, no dropout, GQA-compatible heads,
     head sizes a multiple of 8 up to 256, half or single precision."""
-    if os.environ.get("TORCH_PJRT_FLASH_SDPA", "1") == "0":
+    setting = os.environ.get("TORCH_PJRT_FLASH_SDPA", "auto").lower()
+    if setting in ("0", "false", "off") or (setting == "auto" and platforms.interpret()):
         return False
     if attn_mask is not None or dropout_p != 0.0:
         return False
