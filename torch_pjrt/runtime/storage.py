@@ -147,7 +147,12 @@ def unshared(array: jax.Array, holders: int) -> bool:
 def read(t: torch.Tensor) -> jax.Array:
     """The logical value of pjrt tensor `t` as a JAX array."""
     operand = read_lazily(t)
-    return operand if isinstance(operand, jax.Array) else _reader(operand.geometry)(operand.buffer)
+    return operand if isinstance(operand, jax.Array) else _read_view(operand)
+
+
+@jax.jit
+def _read_view(view):
+    return view.resolve()
 
 
 def read_lazily(t: torch.Tensor):
@@ -192,15 +197,35 @@ class StridedView:
         return self.geometry.dtype
 
     def tree_flatten(self):
-        return (self.buffer,), self.geometry
+        # the offset is traced: x[i] for every i is one executable, not one per i
+        geometry = self.geometry
+        return (self.buffer, offset_operand(geometry.offset)), geometry._replace(offset=None)
 
     @classmethod
     def tree_unflatten(cls, geometry, children):
-        return cls(children[0], geometry)
+        view = object.__new__(cls)  # children may be tracers: no conversion
+        view.buffer, view.geometry = children[0], geometry._replace(offset=children[1])
+        return view
 
     def resolve(self) -> jax.Array:
         """The view's value (traced inside the consumer's executable)."""
         return read_view(self.buffer, *self.geometry)
+
+
+_OFFSETS: dict = {}
+
+
+def offset_operand(offset):
+    """A storage offset as a cached int64 device scalar (a Python int would be converted,
+    a host-to-device copy, on every call)."""
+    if not isinstance(offset, int):
+        return offset  # already traced
+    array = _OFFSETS.get(offset)
+    if array is None:
+        if len(_OFFSETS) > 4096:
+            _OFFSETS.clear()
+        array = _OFFSETS[offset] = jnp.asarray(offset, jnp.int64)
+    return array
 
 
 def _materialized_buffer(t: torch.Tensor) -> jax.Array:
@@ -267,12 +292,6 @@ def _memory_order(size, stride):
     return dims
 
 
-@functools.lru_cache(4096)
-def _reader(geometry: tuple):
-    """jit(buffer -> the view's value) for one geometry."""
-    return jax.jit(lambda buf: read_view(buf, *geometry))
-
-
 def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
     """The value of the view (size, stride, offset, dtype) of a storage buffer, with
     torch's lazy conjugate and negative bits applied."""
@@ -282,18 +301,18 @@ def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
 
 
 def _strided(buf, size, stride, offset, dtype):
+    """The view's elements; `offset` may be traced (the geometry's other parts are static)."""
     flat = _flat_as(buf, dtype)
     dims = _memory_order(size, stride)
     if dims is None:  # overlapping windows: gather
-        return flat[_element_indices(size, stride, offset)]
+        return flat[_element_indices(size, stride, 0) + offset]
     if not dims:
-        x = flat[offset]
+        x = jax.lax.dynamic_index_in_dim(flat, offset, keepdims=False)
     else:  # slice the outermost span, then peel each inner dimension off by reshape + slice
         _, n0, s0 = dims[0]
-        end = offset + n0 * s0
-        if end > flat.shape[0]:  # the last row's padding runs past the buffer
-            flat = jnp.pad(flat, (0, end - flat.shape[0]))
-        x = flat[offset:end].reshape(n0, s0)
+        extent = 1 + sum((n - 1) * s for _, n, s in dims)  # the elements from the first to the last
+        x = jax.lax.dynamic_slice_in_dim(flat, offset, extent)
+        x = jnp.pad(x, (0, n0 * s0 - extent)).reshape(n0, s0)  # the last row's padding, past the view
         for _, n, s in dims[1:]:
             x = x[..., : n * s].reshape(*x.shape[:-1], n, s)
         x = x[..., 0]
@@ -343,7 +362,7 @@ def write(t: torch.Tensor, value) -> None:
         _rt.set_buffer(t, flat, flat.shape, t.dtype)
         buf = flat
     donate = unshared(buf, holders=2)  # the storage and `buf`: nobody else sees the old value
-    new = _writer(shape, tuple(t.stride()), t.storage_offset(), buf.shape, dtype, donate)(buf, value)
+    new = _writer(shape, tuple(t.stride()), buf.shape, dtype, donate)(buf, value, offset_operand(t.storage_offset()))
     del buf
     _recent.append(new)
     _rt.set_buffer(t, new, new.shape, t.dtype)
@@ -360,17 +379,18 @@ def _converter(shape, dtype):
 
 
 @functools.lru_cache(4096)
-def _writer(size, stride, offset, buf_shape, dtype, donate):
-    """jit(buffer, value -> new buffer) for one geometry."""
+def _writer(size, stride, buf_shape, dtype, donate):
+    """jit(buffer, value, offset -> new buffer) for one geometry; the offset is traced, so
+    `x[i] = v` for every i is one executable."""
     contiguous = _is_contiguous(size, stride)
 
-    def write_view(buf, value):
+    def write_view(buf, value, offset):
         value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), size)
         flat = buf.reshape(-1)
         if contiguous:
             flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
         else:  # strided: scatter to the view's element positions (last write wins, as on CPU)
-            flat = flat.at[_element_indices(size, stride, offset).reshape(-1)].set(value.reshape(-1))
+            flat = flat.at[(_element_indices(size, stride, 0) + offset).reshape(-1)].set(value.reshape(-1))
         return flat.reshape(buf_shape)
 
     return jax.jit(write_view, donate_argnums=(0,) if donate else ())
