@@ -56,3 +56,23 @@ def test_select_narrow_index_put_over_100_ints_build_few_executables():
     assert built == 0, f"{built} executables for 98 new index values"
     torch.testing.assert_close(pacc.cpu(), acc)
     torch.testing.assert_close(py.cpu(), y)
+
+
+def test_eager_stats_count_executables_per_op_and_warn_on_many_variants(monkeypatch):
+    import warnings
+
+    import torch_pjrt
+
+    monkeypatch.setenv("TORCH_PJRT_RECOMPILE_WARN", "3")
+    torch_pjrt.reset_eager_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(11, 16):  # a new length every time: a new executable every time
+            x = torch.arange(float(n), device="pjrt")
+            torch.testing.assert_close(torch.roll(x, 2).cpu(), torch.roll(torch.arange(float(n)), 2))
+    stats = torch_pjrt.eager_stats()
+    assert stats["by_op"]["aten.roll.default"] == 5
+    assert stats["changing_arguments"]["aten.roll.default"] == {"self": 4}
+    assert stats["executables"] >= 5 and stats["compile_seconds"] >= 0
+    messages = [str(w.message) for w in caught if "aten.roll.default has compiled" in str(w.message)]
+    assert len(messages) == 1 and "'self' changed" in messages[0]

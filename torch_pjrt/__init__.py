@@ -11,7 +11,8 @@ from __future__ import annotations
 # everything it needs must already be defined.
 
 from .version import __version__  # noqa: E402,F401
-__all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", "export"]
+__all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", "export", "eager_stats",
+           "reset_eager_stats"]
 
 _ready = False
 
@@ -149,6 +150,19 @@ def export(model, example_args, example_kwargs=None, **kwargs) -> str:
     from .compiler import export as export_stablehlo
 
     return export_stablehlo(model, example_args, example_kwargs, **kwargs)
+
+
+def eager_stats() -> dict:
+    """What eager execution compiled: executables per op, compile seconds, cache hits (eager/stats.py)."""
+    from .eager.stats import eager_stats as snapshot
+
+    return snapshot()
+
+
+def reset_eager_stats() -> None:
+    from .eager.stats import reset_eager_stats as reset
+
+    reset()
 
 
 def registered_ops() -> list[str]:

@@ -21,7 +21,7 @@ import torch
 
 from ..runtime import index_checks as bounds, platform, storage
 
-from . import errors
+from . import errors, stats
 from ..runtime.build import load as _load_runtime
 from ..dtypes import TORCH_TO_JAX, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
@@ -150,6 +150,7 @@ def _traced_call(call: OpCall, *values):
     """What an eager executable traces, once per signature: the op's meta kernel (torch's
     refusals, errors.py), the lowering, and its outputs laid out as the meta kernel lays
     them out (a channels_last input gives a channels_last output, as on CPU)."""
+    stats.traced(call.op, call.sig.names, values)
     meta = errors.meta_check(call.lowering, call.sig, values)
     return storage.laid_out(call.lower(*values), meta)
 
