@@ -22,22 +22,20 @@ from them. The lowerings live here, in the distributed layer, because their host
 calls torch.distributed; the op table itself stays pure.
 """
 from __future__ import annotations
-
 import contextlib
 import threading
 from typing import Callable
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.distributed as dist
 from jax.experimental import io_callback
-
 from ..ops.registry import family
 
 lowering = family(not_paddable="a collective exchanges whole tensors between ranks at their exact shapes",
                   eager="c10d's own kernels call the process group (torch_pjrt.distributed)")
+
 
 c10d = torch.ops._c10d_functional
 AXIS = "g"

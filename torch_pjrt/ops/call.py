@@ -13,12 +13,10 @@ storage views (anything with `resolve()`), read inside the executable, so a view
 executable of its own.
 """
 from __future__ import annotations
-
 import functools
 
 import jax
 import jax.numpy as jnp
-
 from .registry import Lowering
 from .signature import SCALAR, SCALAR_LIST, STATIC, TENSOR, TENSOR_LIST, Signature
 

@@ -1,10 +1,8 @@
 """Lowerings: the few ops the runtime itself leans on (fill, zero, arange)."""
 from __future__ import annotations
-
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from ..dtypes import to_jax
 from .registry import lowering, Padding, SAME
 

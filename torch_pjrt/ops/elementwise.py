@@ -16,24 +16,21 @@ ZeroDivisionError, and an integer tensor to a negative integer Scalar power retu
 torch's tensor-exponent result (0, 1 or -1) instead of raising.
 """
 from __future__ import annotations
-
 import operator
 
 import math as _m
-
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 import numpy as np
 import torch
 from jax import lax
-
 from ..dtypes import to_torch
 from .promotion import KIND, cast, promote
 from .registry import family, POINTWISE, SAME
+from .signature import TENSOR, Signature
 
 lowering = family(padding=POINTWISE)
-from .signature import TENSOR, Signature
 
 aten = torch.ops.aten
 
@@ -385,8 +382,6 @@ def _logaddexp(a, b, log1p_exp=lambda d: jnp.log1p(jnp.exp(d))):
     m = jnp.maximum(a, b)
     out = m + log1p_exp(-jnp.abs(a - b))
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
-
-
 
 
 def _logaddexp_any(a, b):

@@ -9,15 +9,14 @@ unnormalized (jnp's inverse with norm="forward" is the unscaled one) and scaled 
 XLA's FFT takes at most three axes, so longer `dim` lists run as successive transforms.
 """
 from __future__ import annotations
-
 import math
 
 import jax.numpy as jnp
 import torch
-
 from .registry import family
 
 lowering = family(not_paddable="a transform mixes every element along its dims: padding would change it")
+
 
 aten = torch.ops.aten
 

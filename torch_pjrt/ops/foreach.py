@@ -8,21 +8,20 @@ the second argument is spread over the list:
   Scalar     one traced Scalar for all         (self[i], scalar)
   ScalarList one Scalar per element            (self[i], scalars[i])
   Tensor     one tensor for all (0-d or 1-d)   (self[i], other) or (self[i], scalars[i])
-Scalar[] arguments arrive as static Python numbers today (signature.py classifies
-`number[]` as static); the lowerings accept traced values as well.
+Scalar[] arguments arrive as lists of traced weak scalars (signature.py's SCALAR_LIST), so
+new per-parameter step sizes do not recompile.
 """
 from __future__ import annotations
-
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from ..dtypes import to_jax, to_torch
 from . import elementwise as ew
 from .promotion import cast, promote
 from .registry import LOWERINGS, family
 
 lowering = family(not_paddable="tensor lists of a fused optimizer step hold parameters, whose shapes are never symbolic")
+
 
 aten = torch.ops.aten
 

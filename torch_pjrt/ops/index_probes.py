@@ -6,13 +6,11 @@ count from the end, (flat position, value) of the first bad index -> the excepti
 raises). Values are arrays or storage views; both have `.shape` and `.dtype`.
 """
 from __future__ import annotations
-
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
-
 from ..dtypes import is_index_dtype
 
 

@@ -11,25 +11,21 @@ registered with jit=False and call jitted helpers, so the common integer case is
 cached executable and a mask is turned into integer indices on concrete arrays.
 """
 from __future__ import annotations
-
 import functools
-import math
 import os
 import sys
 import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from .promotion import cast, promote
 from .reductions import vector_norm
 from . import index_probes as probes
 from .registry import family, Padding
+from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: its indices address positions of a possibly padded dim")
-from .views import wrap_dim
 
 aten = torch.ops.aten
 INT64 = jnp.int64
@@ -510,7 +506,6 @@ def embedding_renorm(self, indices, max_norm, norm_type):
     compute = jnp.float32 if self.dtype in (jnp.float16, jnp.bfloat16) else self.dtype
     scaled = (self.astype(compute) * scale.astype(self.dtype).astype(compute)[:, None]).astype(self.dtype)
     return jnp.where((rows & (norm > max_norm))[:, None], scaled, self)
-
 
 
 # ----------------------------------------------------------------------- embedding bags

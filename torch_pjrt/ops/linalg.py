@@ -10,8 +10,6 @@ the info tensor and leave raising to the caller (torch raises only when asked to
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
@@ -19,10 +17,10 @@ import numpy as np
 import torch
 from jax import lax
 from jax.lax import linalg as lxl
-
 from .registry import family
 
 lowering = family(not_paddable="a factorization or solve mixes the elements of its matrices: padding would change them")
+
 
 aten = torch.ops.aten
 

@@ -11,23 +11,21 @@ Conventions shared by this file:
   * Reductions use torch's enum: 0 none, 1 mean, 2 sum.
 """
 from __future__ import annotations
-
 import fractions
 import functools
 import itertools
 import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-
 from ..dtypes import to_jax, to_torch
 from .promotion import cast, promote
 from .registry import family, BATCH_ONLY, Padding
 
 lowering = family(not_paddable="no padding rule yet: it mixes elements along its dims (normalization, pooling, losses)")
+
 
 aten = torch.ops.aten
 

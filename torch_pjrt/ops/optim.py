@@ -7,13 +7,13 @@ Semantics follow torch's fused CPU kernels: grads are unscaled by `grad_scale` (
 unscaled grads written back), and a step with `found_inf` set leaves everything as it was.
 """
 from __future__ import annotations
-
 import jax.numpy as jnp
 import torch
 
 from .registry import family
 
 lowering = family(not_paddable="a fused optimizer step updates parameters, whose shapes are never symbolic")
+
 
 aten = torch.ops.aten
 

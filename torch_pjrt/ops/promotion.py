@@ -6,14 +6,12 @@ dtype) and read back the computation and result dtypes. This runs once per trace
 signature, never per call.
 """
 from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
-
 from ..dtypes import to_jax, to_torch
 
 _PY_SCALAR = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}

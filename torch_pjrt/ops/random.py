@@ -3,15 +3,14 @@ torch generator (so torch.manual_seed reproduces runs) and derives a JAX key fro
 Registered on the in-place overloads torch uses (normal_, uniform_, ...): they return
 self's new value."""
 from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from .registry import family
 
 lowering = family(not_paddable="its draws depend on the padded shape")
+
 
 aten = torch.ops.aten
 

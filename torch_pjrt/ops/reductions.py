@@ -8,7 +8,6 @@ jit=False and run on concrete arrays. Lowerings are named after their ops, so `s
 `min`, `max`, `all`, `any` shadow the builtins here: use `builtins.X` for those.
 """
 from __future__ import annotations
-
 import builtins
 import math
 
@@ -16,13 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from ..dtypes import to_jax
 from .promotion import cast, default_float, promote
 from .registry import family, Padding, reduction
+from .views import wrap_dim, wrap_dims
 
 lowering = family(not_paddable="no padding rule yet: it orders or scans the elements of a possibly padded dim")
-from .views import wrap_dim, wrap_dims
 
 aten = torch.ops.aten
 INT64 = jnp.int64

@@ -25,7 +25,6 @@ interpreter and its padding, custom kernels) keep no per-op tables of their own,
 table knows nothing of them.
 """
 from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 

@@ -9,20 +9,17 @@ path rounds some elements differently (it depends on the CPU's vector width).
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from ..dtypes import to_jax
 from . import core
 from .promotion import default_float, promote
 from .registry import family, FACTORY, Padding, SAME
+from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: it moves elements along a possibly padded dim (flip, roll, pad)")
-from .views import wrap_dim
 
 aten = torch.ops.aten
 INT64 = jnp.int64
@@ -250,7 +247,7 @@ def convert_element_type(a, dtype):
 
 
 # --------------------------------------------------------------------------- fills and factories
-# fill.Scalar / fill.Tensor / zero are elementwise's lowerings.
+# fill.Scalar / fill.Tensor / zero are core.py's lowerings.
 
 
 @lowering(aten.zeros_like.default, aten.empty_like.default, padding=SAME)

@@ -6,7 +6,6 @@ out= overloads). `bind` normalises a dispatcher call (args, kwargs) into the ful
 argument list in schema order with defaults filled in.
 """
 from __future__ import annotations
-
 import functools
 from dataclasses import dataclass
 

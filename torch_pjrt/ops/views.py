@@ -10,7 +10,6 @@ here too, beside the view they invert.
 reductions, indexing and shape (they import them from here).
 """
 from __future__ import annotations
-
 import builtins
 import math
 
@@ -18,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from ..dtypes import to_jax
 from .registry import family, Padding, SAME
 
 lowering = family(not_paddable="no padding rule yet: a view of a padded dim's storage (as_strided, unfold, diagonal) would see the padding")
+
 
 aten = torch.ops.aten
 
