@@ -7,6 +7,8 @@ jax.jit instead, so lowerings can be tested while the runtime is being built.
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import numpy as np
 import torch
@@ -110,3 +112,15 @@ def assert_raises_like_cpu(call, name: str = "") -> None:
     assert type(actual).__module__.split(".")[0] not in ("jax", "jaxlib", "numpy"), repr(actual)
     assert type(actual) is type(expected), f"{name}: pjrt {type(actual).__name__}: {actual}; CPU {expected!r}"
     assert str(actual).splitlines()[0] == str(expected).splitlines()[0]
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """Fails if anything inside ran an aten op on the CPU fallback."""
+    import torch_pjrt
+
+    before = dict(torch_pjrt.fallback_ops())
+    yield
+    after = torch_pjrt.fallback_ops()
+    ran = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    assert ran == {}, f"ran on the CPU fallback: {ran}"

@@ -1,20 +1,10 @@
 """Lowerings LLM inference reaches (issue 18): integer histc as CUDA accepts it, multinomial
 sampling, and _index_put_impl_ (advanced indexing's backward), on pjrt with no CPU fallback."""
-import contextlib
-
 import torch
 
-import torch_pjrt
+from tests.ops.harness import no_fallback
 
 DEV = "pjrt"
-
-
-@contextlib.contextmanager
-def no_fallback():
-    before = dict(torch_pjrt.fallback_ops())
-    yield
-    after = torch_pjrt.fallback_ops()
-    assert after == before, f"ran on the CPU fallback: {set(after.items()) - set(before.items())}"
 
 
 def test_integer_histc_counts_as_the_float_histogram_of_the_same_values():

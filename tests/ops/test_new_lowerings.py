@@ -7,28 +7,18 @@ resizes and their backward ops, fractional max pooling 2d/3d and their backward 
 embedding_renorm_, randperm.generator_out, and the special_* Bessel/Airy functions and
 orthogonal polynomials.
 """
-import contextlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_pjrt
+import torch_pjrt  # noqa: F401
+from tests.ops.harness import no_fallback
 from torch_pjrt.ops.registry import LOWERINGS
 
 aten = torch.ops.aten
 DEV = "pjrt"
-
-
-@contextlib.contextmanager
-def no_fallback():
-    """Fails if anything inside ran an aten op on the CPU fallback."""
-    before = dict(torch_pjrt.fallback_ops())
-    yield
-    after = torch_pjrt.fallback_ops()
-    ran = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
-    assert ran == {}, f"ran on the CPU fallback: {ran}"
 
 
 def on_pjrt(fn, *args, **kwargs):
