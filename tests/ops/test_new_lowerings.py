@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_pjrt  # noqa: F401
+import torch_pjrt  # noqa: F401  (sets the device up)
 from tests.ops.harness import no_fallback
 from torch_pjrt.ops.registry import LOWERINGS
 
