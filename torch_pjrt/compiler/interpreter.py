@@ -283,12 +283,13 @@ class GraphProgram:
 
     def results(self, env: dict) -> tuple:
         """(flat outputs, new values of the mutated inputs) of an evaluated env."""
-        outputs = [env[a] if isinstance(a, torch.fx.Node) else a
-                   for a in torch.utils._pytree.tree_flatten(self.output_args)[0]]
         new_values = []
         for i in self.mutated:
             node = self.mutations[i]
-            new_values.append(_copy(env[node.args[0]], env[node.args[1]]))
+            env[node] = _copy(env[node.args[0]], env[node.args[1]])  # a graph may return copy_'s result
+            new_values.append(env[node])
+        outputs = [env[a] if isinstance(a, torch.fx.Node) else a
+                   for a in torch.utils._pytree.tree_flatten(self.output_args)[0]]
         return outputs, new_values
 
 

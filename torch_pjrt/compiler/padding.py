@@ -903,9 +903,13 @@ class PaddedProgram:
             if isinstance(env[src], jax.Array) and env[src].shape != env[dst].shape:
                 raise NotPaddable("an input mutation broadcasts a padded value")
         outputs, new_values = program.results(env)
+        new_layouts = []
+        for i in program.mutated:
+            node = program.mutations[i]
+            lay[node] = lay[node.args[0]]
+            new_layouts.append(lay[node])
         flat = torch.utils._pytree.tree_flatten(program.output_args)[0]
         layouts = [lay[a] if isinstance(a, torch.fx.Node) else None for a in flat]
-        new_layouts = [lay[program.mutations[i].args[0]] for i in program.mutated]
         self.python_outputs[key] = [None if isinstance(o, jax.Array) else o for o in outputs]
         self.output_layouts[key] = ([l for o, l in zip(outputs, layouts) if isinstance(o, jax.Array)], new_layouts)
         for l in self.output_layouts[key][0]:  # teach graphs reading these tensors back their flattening order
