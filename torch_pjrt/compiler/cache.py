@@ -40,8 +40,9 @@ def enable() -> str | None:
             jax.config.update("jax_persistent_cache_min_compile_time_secs",
                               float(os.environ.get("TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS", "0.5")))
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-            from jax._src import compilation_cache  # eager ops compiled before: JAX decided "no cache" then
+            # eager ops compiled before: JAX decided "no cache" then
+            from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-            compilation_cache.reset_cache()
+            reset_cache()
     _enabled.append(path)
     return path
