@@ -183,6 +183,21 @@ def test_a_graph_may_return_the_input_it_mutates(dynamic):
         assert same.data_ptr() == py.data_ptr()
     assert compile_stats()["calls"] == 2
 
+
+def test_dynamo_skips_every_runtime_and_eager_module():
+    # an eager kernel reached inside a compiled region (its error checks included) must run,
+    # not be traced: Dynamo would capture the runtime's own calls into the graph
+    import importlib.util
+    import pkgutil
+
+    import torch_pjrt.eager
+    import torch_pjrt.runtime
+    from torch._dynamo import trace_rules
+
+    for package in (torch_pjrt.eager, torch_pjrt.runtime):
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            assert trace_rules.SKIP_DIRS_RE.match(importlib.util.find_spec(info.name).origin), info.name
+
 # ------------------------------------------------------------------------- randomness
 def test_random_ops_take_their_seed_from_the_torch_generator():
     f = lambda x: F.dropout(x * 2, p=0.5, training=True)  # noqa: E731
