@@ -165,6 +165,39 @@ def test_mutated_inputs_are_donated_and_views_still_see_writes():
     assert s["executables"] >= 1 and s["calls"] == 3
 
 
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_graph_may_return_the_input_it_mutates(dynamic):
+    # AOTAutograd returns the write-back copy_'s result; the caller gets the input back
+    def step(x, y):
+        return x + y, y.add_(1)
+
+    compiled = torch.compile(step, backend="pjrt", dynamic=dynamic)
+    for n in (4, 5):
+        x, y = torch.randn(n), torch.zeros(n)
+        py = y.to("pjrt")
+        out, same = compiled(x.to("pjrt"), py)
+        expected, _ = step(x, y)
+        close(out, expected)
+        close(py, y)
+        assert same.data_ptr() == py.data_ptr()
+    assert compile_stats()["calls"] == 2
+
+
+def test_dynamo_skips_every_runtime_and_eager_module():
+    # an eager kernel reached inside a compiled region (its error checks included) must run,
+    # not be traced: Dynamo would capture the runtime's own calls into the graph
+    import importlib.util
+    import pkgutil
+
+    import torch_pjrt.eager
+    import torch_pjrt.runtime
+    from torch._dynamo import trace_rules
+
+    for package in (torch_pjrt.eager, torch_pjrt.runtime):
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            assert trace_rules.SKIP_DIRS_RE.match(importlib.util.find_spec(info.name).origin), info.name
+
 # ------------------------------------------------------------------------- randomness
 def test_random_ops_take_their_seed_from_the_torch_generator():
     f = lambda x: F.dropout(x * 2, p=0.5, training=True)  # noqa: E731

@@ -164,3 +164,21 @@ def test_buckets_none_means_exact_sizes():
     s = compile_stats()
     assert s["dynamic_graphs"][0] == {**s["dynamic_graphs"][0], "bucketed": False, "reason": "option buckets=None"}
     assert s["executables"] == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool])
+def test_sizes_used_as_values_promote_like_python_numbers(dtype):
+    # a size reaches the padded executable as a traced value; it must promote as the Python
+    # int (or float, after sym_float or true division) it is in torch: x * n keeps x's dtype
+    def f(x):
+        n = x.shape[0]
+        return x * n, x + (n - 1) * 2, n * n * x, x * float(n), x * (n / 2)
+
+    compiled = torch.compile(f, backend="pjrt", dynamic=True)
+    for n in (3, 5, 6):
+        x = (torch.randn(n, 4) * 4).to(dtype) if dtype != torch.bool else torch.randn(n, 4) > 0
+        for a, b in zip(compiled(x.to("pjrt")), f(x)):
+            assert a.dtype == b.dtype, (a.dtype, b.dtype)
+            torch.testing.assert_close(a.cpu(), b)
+    s = compile_stats()
+    assert all(g["bucketed"] for g in s["dynamic_graphs"]), s["dynamic_graphs"]

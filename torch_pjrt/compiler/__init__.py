@@ -23,13 +23,13 @@ def export(model, example_args, example_kwargs=None, **kwargs):
     return _export(model, example_args, example_kwargs, **kwargs)
 
 
-# The runtime's own Python: eager kernels the dispatcher calls, storage, the op table.
-# Inside a compiled region (e.g. backward after a graph break) Dynamo would otherwise try
-# to trace them. Only these: user-facing modules such as torch_pjrt.tools.demo_models hold
-# ordinary models that must stay traceable.
+# The runtime's own Python: eager kernels the dispatcher calls (and the error checks they
+# run), storage, the op table. Inside a compiled region (e.g. backward after a graph break)
+# Dynamo would otherwise try to trace them. A package skips every module below it. Only
+# these: user-facing modules such as torch_pjrt.tools.demo_models hold ordinary models that
+# must stay traceable.
 _RUNTIME_MODULES = (
-    "torch_pjrt.runtime.build", "torch_pjrt.runtime.platform", "torch_pjrt.runtime.storage", "torch_pjrt.eager.kernels", "torch_pjrt.eager.fallback",
-    "torch_pjrt.eager.transfer", "torch_pjrt.eager.view_kernels", "torch_pjrt.device", "torch_pjrt.autocast", "torch_pjrt.ops",
+    "torch_pjrt.runtime", "torch_pjrt.eager", "torch_pjrt.device", "torch_pjrt.autocast", "torch_pjrt.ops",
     "torch_pjrt.compiler", "jax", "jaxlib",
 )
 

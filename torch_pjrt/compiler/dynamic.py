@@ -20,22 +20,19 @@ import time
 import jax
 import numpy as np
 import torch
+from jax.sharding import SingleDeviceSharding
 
+from ..dtypes import to_jax
 from ..runtime import storage
 from . import stats
-from .padding import NotPaddable, PaddedProgram, Wild, dim_for_expr, expand_layout, host_eval, pad_fn, sym_expr, \
+from .interpreter import LoweringError
+from .padding import NotPaddable, PaddedProgram, Size, dim_for_expr, expand_layout, host_eval, pad_fn, sym_expr, \
     unpad_fn
+from .runner import GraphRunner, Strategy, hint
 
 # compound size expression (s0*s1) -> the flattening order a graph produced it in, so graphs reading
 # such a tensor back (backward reading saved activations) pad it in the same layout
 _LAYOUTS: dict = {}
-
-
-def hint(s):
-    """The example value of a (possibly symbolic) size."""
-    if isinstance(s, torch.SymInt):
-        return s.node.hint
-    return s
 
 
 def parse_buckets(value, explicit: bool = False):
@@ -59,36 +56,38 @@ def bucket_of(n: int, buckets) -> int:
     return n  # beyond the largest bucket: this size gets its own executable
 
 
-class DynamicPlan:
-    """Runs a graph with symbolic sizes: padded per bucket, or per exact size when not paddable."""
+def plan(runner: GraphRunner, example_inputs, buckets) -> Bucketed | None:
+    """The graph padded per bucket, or None (one executable per exact size); the decision and
+    its reason go to compile_stats()["dynamic_graphs"]."""
+    start = time.perf_counter()
+    bucketed, reason = None, None
+    if buckets is None:
+        reason = "option buckets=None"
+    else:
+        try:
+            bucketed = Bucketed(runner, example_inputs, buckets)
+        except NotPaddable as e:
+            reason = str(e)
+        except LoweringError:
+            raise
+        except Exception as e:  # noqa: BLE001  (a rule's own failure: stay exact rather than wrong)
+            reason = f"padding failed: {type(e).__name__}: {e}"
+    stats.append("dynamic_graphs", {"graph": runner.name, "bucketed": bucketed is not None,
+                                    "reason": reason, "plan_seconds": time.perf_counter() - start})
+    return bucketed
 
-    def __init__(self, compiled, example_inputs, buckets):
-        self.compiled = compiled
-        self.program, self.buckets = compiled.program, buckets
-        self.padded = None
-        self.reason = None
-        start = time.perf_counter()
-        if buckets is None:
-            self.reason = "option buckets=None"
-        else:
-            try:
-                self._plan(example_inputs)
-            except NotPaddable as e:
-                self.reason = str(e)
-            except Exception as e:  # noqa: BLE001  (a rule's own failure: stay exact rather than wrong)
-                from .interpreter import LoweringError
 
-                if isinstance(e, LoweringError):
-                    raise
-                self.reason = f"padding failed: {type(e).__name__}: {e}"
-        if self.reason is not None:
-            self.padded = None
-        stats.append("dynamic_graphs", {"graph": self.program.name, "bucketed": self.padded is not None,
-                                        "reason": self.reason, "plan_seconds": time.perf_counter() - start})
+class Bucketed(Strategy):
+    """Runs a graph with symbolic sizes padded per bucket: one executable per bucket key.
 
-    # ------------------------------------------------------------------ planning
-    def _plan(self, example_inputs):
-        program = self.program
+    The executable takes (bucket key: static, seeds, constants, real sizes, *padded arrays); the
+    real sizes are Python ints, so they trace as weakly typed scalars (a size used as a value
+    promotes like the Python int it is in torch)."""
+
+    def __init__(self, runner: GraphRunner, example_inputs, buckets):
+        super().__init__(runner)
+        program = runner.program
+        self.program, self.buckets = program, buckets
         layouts, binders, symbols = [], {}, set()
         for i, (node, x) in enumerate(zip(program.placeholders, example_inputs)):
             if isinstance(x, torch.Tensor):
@@ -118,11 +117,9 @@ class DynamicPlan:
         self.binders = [binders[s] for s in self.symbols]
         self.layouts = layouts
         self.padded = PaddedProgram(program, layouts, self.symbols, _LAYOUTS)
-        c = self.compiled
-        from jax.sharding import SingleDeviceSharding
-
-        self.jit = jax.jit(self.padded.function, static_argnums=(0,), compiler_options=c.config.xla_options,
-                           in_shardings=SingleDeviceSharding(c.jax_device))
+        self.jit = jax.jit(self.padded.function, static_argnums=(0,), compiler_options=runner.config.xla_options,
+                           in_shardings=SingleDeviceSharding(runner.jax_device))
+        # trace now, for the example inputs' bucket: padding and lowering errors surface at torch.compile time
         reals = {s: int(hint(example_inputs[i].shape[d] if d is not None else example_inputs[i]))
                  for s, (i, d) in zip(self.symbols, self.binders)}
         key, buckets = self._key(reals)
@@ -130,21 +127,16 @@ class DynamicPlan:
         for x, lay in zip(example_inputs, layouts):
             if isinstance(lay, tuple):
                 shape = expand_layout(lay, [int(hint(s)) for s in x.shape], buckets, reals)[3]
-                from ..dtypes import to_jax
-
                 specs.append(jax.ShapeDtypeStruct(shape, to_jax(x.dtype)))
-        reals_spec = jax.ShapeDtypeStruct((len(self.symbols),), np.int64)
+        reals_spec = tuple(jax.ShapeDtypeStruct((), np.int64, weak_type=True) for _ in self.symbols)
         with stats.building(program.name):
-            self.jit.trace(key, c._seed_spec(), program.constants, reals_spec, *specs)
+            self.jit.trace(key, runner.seed_spec(), program.constants, reals_spec, *specs)
 
     def _key(self, reals: dict):
         key = tuple(bucket_of(reals[s], self.buckets) for s in self.symbols)
         return key, dict(zip(self.symbols, key))
 
-    # ------------------------------------------------------------------ running
-    def call(self, compiled, tensors):
-        if self.padded is None:
-            return self._call_exact(compiled, tensors)
+    def prepare(self, tensors):
         reals = {}
         for s, (i, d) in zip(self.symbols, self.binders):
             reals[s] = int(tensors[i].shape[d]) if d is not None else int(tensors[i])
@@ -157,7 +149,7 @@ class DynamicPlan:
             if t.device.type == "pjrt":
                 x = storage.read(t)
             else:
-                x = jax.device_put(storage.to_numpy(t), compiled.jax_device)
+                x = jax.device_put(storage.to_numpy(t), self.runner.jax_device)
             real_f, pad_f, real_s, pad_s = expand_layout(lay, tuple(t.shape), buckets, reals)
             if tuple(t.shape) != real_s:
                 raise RuntimeError(f"pjrt compile: graph '{self.program.name}' input {i} has shape {tuple(t.shape)}, "
@@ -165,36 +157,22 @@ class DynamicPlan:
             if real_f != pad_f:
                 x = pad_fn(real_f, pad_f, pad_s)(x)
             arrays.append(x)
-        reals_vec = np.array([reals[s] for s in self.symbols], dtype=np.int64)
-        seeds = compiled._seeds()
-        stats.add("calls")
-        executables = stats._state["executables"]
-        before = stats.marker()
-        with stats.building(self.program.name):
-            outputs, new_values = self.jit(key, seeds, self.program.constants, reals_vec, *arrays)
-        if stats.marker() != before:
-            sizes = ", ".join(f"{s}={reals[s]}->{b}" for s, b in zip(self.symbols, key))
-            compiled._count_executable(f"new bucket: {sizes}")
-        if stats._state["executables"] == executables:
-            stats.add("cache_hits")
+        real_sizes = tuple(reals[s] for s in self.symbols)
+        args = (key, self.runner.seeds(), self.program.constants, real_sizes, *arrays)
+        return self.jit, args, (key, buckets, reals)
+
+    def why_new(self, fn, state) -> str:
+        key, _, reals = state
+        return "new bucket: " + ", ".join(f"{s}={reals[s]}->{b}" for s, b in zip(self.symbols, key))
+
+    def results(self, result, state):
+        key, buckets, reals = state
+        outputs, new_values = result
         out_layouts, new_layouts = self.padded.output_layouts[key]
-        from .backend import _write_back
-
-        for i, value, lay in zip(self.program.mutated, new_values, new_layouts):
-            _write_back(tensors[i], _unpad(value, lay, buckets, reals))
-        python = [host_eval(v.expr, reals) if v.__class__.__name__ == "Size" else v
-                  for v in self.padded.python_outputs[key]]
-        arrays_out = iter(_unpad(o, lay, buckets, reals) for o, lay in zip(outputs, out_layouts))
-        results = []
-        for value, place in zip(python, compiled.output_places):
-            results.append(value if value is not None or place is None else place(next(arrays_out), compiled.device))
-        return results
-
-    def _call_exact(self, compiled, tensors):
-        inputs = compiled._read_inputs(tensors)
-        fn = compiled.donating if compiled.donating is not None and compiled._donatable(inputs) else compiled.plain
-        outputs, new_values = compiled._execute(fn, compiled._seeds(), inputs)
-        return compiled._finish(tensors, outputs, new_values, inputs)
+        new_values = [_unpad(v, lay, buckets, reals) for v, lay in zip(new_values, new_layouts)]
+        outputs = [_unpad(o, lay, buckets, reals) for o, lay in zip(outputs, out_layouts)]
+        python = [host_eval(v.expr, reals) if isinstance(v, Size) else v for v in self.padded.python_outputs[key]]
+        return outputs, new_values, python
 
 
 def _unpad(x, layout, buckets, reals):
@@ -206,4 +184,4 @@ def _unpad(x, layout, buckets, reals):
     return unpad_fn(pad_f, real_f, real_s)(x)
 
 
-__all__ = ["DynamicPlan", "parse_buckets", "bucket_of", "hint", "Wild"]
+__all__ = ["Bucketed", "plan", "parse_buckets", "bucket_of"]

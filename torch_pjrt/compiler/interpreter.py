@@ -173,34 +173,50 @@ class GraphProgram:
             env[n] = v.resolve() if hasattr(v, "resolve") else v
         for n, v in zip(self.constant_nodes, constants):
             env[n] = v
+        self.evaluate(env, seeds, self.call)
+        outputs, new_values = self.results(env)
+        # only arrays leave the executable; Python values (None, sizes) are re-inserted by the
+        # caller, looked up by the input signature they were traced for
+        self.python_outputs[signature(inputs)] = [None if isinstance(o, jax.Array) else o for o in outputs]
+        return tuple(o for o in outputs if isinstance(o, jax.Array)), tuple(new_values)
+
+    def evaluate(self, env: dict, seeds, step) -> None:
+        """The node loop: env[node] = step(node, args, kwargs, seeds) for every op node in graph
+        order, with env's values in place of nodes in args and kwargs. `step` is `self.call`, or
+        padding.py's step, which also propagates layouts and masks padding."""
         lookup = env.__getitem__
         for node in self.nodes:
             if node.op != "call_function" or node in self.writeback_nodes:
                 continue
             args = map_aggregate(node.args, lambda a: lookup(a) if isinstance(a, torch.fx.Node) else a)
             kwargs = map_aggregate(node.kwargs, lambda a: lookup(a) if isinstance(a, torch.fx.Node) else a)
-            call = self.calls[node]
-            try:
-                if node in self.seed_index:
-                    env[node] = call(args, kwargs, seeds[self.seed_index[node]])
-                else:
-                    env[node] = call(args, kwargs)
-            except LoweringError:
-                raise
-            except Exception as e:  # noqa: BLE001  (re-raised with the node named)
-                raise self.error(node, "its lowering raised", e) from e
-        outputs = [env[a] if isinstance(a, torch.fx.Node) else a
-                   for a in torch.utils._pytree.tree_flatten(self.output_args)[0]]
+            env[node] = step(node, args, kwargs, seeds)
+
+    def apply(self, node, args, kwargs, seeds):
+        """Call node's op on `args`, `kwargs` (a random node takes its seed from `seeds`)."""
+        if node in self.seed_index:
+            return self.calls[node](args, kwargs, seeds[self.seed_index[node]])
+        return self.calls[node](args, kwargs)
+
+    def call(self, node, args, kwargs, seeds):
+        """`apply`, with a lowering's failure re-raised naming the node."""
+        try:
+            return self.apply(node, args, kwargs, seeds)
+        except LoweringError:
+            raise
+        except Exception as e:  # noqa: BLE001  (re-raised with the node named)
+            raise self.error(node, "its lowering raised", e) from e
+
+    def results(self, env: dict) -> tuple:
+        """(flat outputs, new values of the mutated inputs) of an evaluated env."""
         new_values = []
         for i in self.mutated:
             node = self.mutations[i]
-            new_values.append(_copy(env[node.args[0]], env[node.args[1]]))
-        # only arrays leave the executable; Python values (None, sizes) are re-inserted by the
-        # caller, looked up by the input signature they were traced for
-        self.python_outputs[signature(inputs)] = [None if isinstance(o, jax.Array) else o for o in outputs]
-        arrays = tuple(o for o in outputs if isinstance(o, jax.Array))
-        return arrays, tuple(new_values)
-
+            env[node] = _copy(env[node.args[0]], env[node.args[1]])  # a graph may return copy_'s result
+            new_values.append(env[node])
+        outputs = [env[a] if isinstance(a, torch.fx.Node) else a
+                   for a in torch.utils._pytree.tree_flatten(self.output_args)[0]]
+        return outputs, new_values
 
 
 def signature(inputs) -> tuple:

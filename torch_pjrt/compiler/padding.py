@@ -28,11 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 import torch
-from jax._src.lax import lax as _lax_internal
 from torch.fx.node import map_aggregate
 
-from ..ops.call import OpCall
-from .interpreter import _copy, _OpCall, find_lowering
+from .interpreter import _OpCall, find_lowering
 
 aten = torch.ops.aten
 
@@ -56,15 +54,17 @@ def host_eval(expr, env: dict) -> int:
     return int(expr.xreplace({s: sympy.Integer(v) for s, v in env.items() if s in expr.free_symbols}))
 
 
-def trace_eval(expr, env: dict):
-    """`expr` as a traced int64 scalar, from traced symbol values in `env`."""
+def trace_eval(expr, env: dict, weak: bool = False):
+    """`expr` as a traced int64 (or float64) scalar, from traced symbol values in `env`. weak:
+    from weakly typed symbol values, keeping the result weakly typed (the constants Python
+    numbers), so it promotes as the Python number torch sees."""
     if isinstance(expr, int) or expr.is_Integer:
-        return jnp.asarray(int(expr), jnp.int64)
+        return int(expr) if weak else jnp.asarray(int(expr), jnp.int64)
     if expr.is_number:
-        return jnp.asarray(float(expr), jnp.float64)
+        return float(expr) if weak else jnp.asarray(float(expr), jnp.float64)
     if expr.is_Symbol:
         return env[expr]
-    args = [trace_eval(a, env) for a in expr.args]
+    args = [trace_eval(a, env, weak) for a in expr.args]
     name = type(expr).__name__
     if expr.is_Add:
         return functools.reduce(operator.add, args)
@@ -77,7 +77,7 @@ def trace_eval(expr, env: dict):
     if name in ("PythonMod", "Mod"):
         return jnp.mod(args[0], args[1])
     if name == "ToFloat":
-        return args[0].astype(jnp.float64)
+        return args[0] * 1.0 if weak else args[0].astype(jnp.float64)  # weak int * Python float: weak float64
     if name in ("FloatTrueDiv", "IntTrueDiv"):
         return jnp.true_divide(args[0], args[1])
     if name == "Max":
@@ -103,7 +103,7 @@ class Size:
         return self._ctx.real(self.expr)
 
     def weak_real(self):
-        return _lax_internal._convert_element_type(self.real(), weak_type=True)
+        return self._ctx.weak_real(self.expr)
 
 
 # ------------------------------------------------------------------------------- layouts
@@ -193,9 +193,11 @@ def broadcast_layouts(layouts, ndim):
 class Context:
     """Per trace: bucket values (static) and real values (traced) of the graph's symbols."""
 
-    def __init__(self, buckets: dict, reals: dict, registry: dict):
-        self.buckets, self.reals, self.registry = buckets, reals, registry
-        self._cache = {}
+    def __init__(self, buckets: dict, weak_reals: dict, registry: dict):
+        self.buckets, self.weak_reals, self.registry = buckets, weak_reals, registry
+        # masks and counts compute in int64, whatever dtype they meet
+        self.reals = {s: jnp.asarray(v, jnp.int64) for s, v in weak_reals.items()}
+        self._cache, self._weak_cache = {}, {}
 
     def real(self, expr):
         if isinstance(expr, int):
@@ -203,6 +205,12 @@ class Context:
         if expr not in self._cache:
             self._cache[expr] = trace_eval(expr, self.reals)
         return self._cache[expr]
+
+    def weak_real(self, expr):
+        """The real value of a size used as a value: weakly typed, as a Python number in torch."""
+        if expr not in self._weak_cache:
+            self._weak_cache[expr] = trace_eval(expr, self.weak_reals, weak=True)
+        return self._weak_cache[expr]
 
     def bucket(self, f) -> int:
         return f if isinstance(f, int) else host_eval(f, self.buckets)
@@ -851,9 +859,11 @@ class PaddedProgram:
         self.python_outputs: dict = {}  # bucket key -> flat outputs, Size where a symbolic size
 
     def function(self, key, seeds, constants, reals, *arrays):
+        """`program.function` on padded arrays at bucket `key` (static); `reals` holds the
+        symbols' real sizes as weakly typed scalars (Python ints at the call)."""
         program = self.program
         buckets = dict(zip(self.symbols, key))
-        ctx = Context(buckets, {s: reals[i] for i, s in enumerate(self.symbols)}, self.registry)
+        ctx = Context(buckets, dict(zip(self.symbols, reals)), self.registry)
         _CTX[0] = ctx
         env, lay = {}, {}
         it = iter(arrays)
@@ -867,25 +877,28 @@ class PaddedProgram:
                 env[n], lay[n] = Size(spec, ctx), None
         for n, v in zip(program.constant_nodes, constants):
             env[n], lay[n] = v, tuple(None for _ in getattr(v, "shape", ()))
-        for node in program.nodes:
-            if node.op != "call_function" or node in program.writeback_nodes:
-                continue
+
+        def step(node, args, kwargs, seeds):
             try:
-                env[node], lay[node] = self._run(node, env, lay, seeds, ctx)
+                value, lay[node] = self._run(node, args, kwargs, lay, seeds, ctx)
             except NotPaddable as e:
                 raise NotPaddable(f"node %{node.name} ({_label(node)}): {e}") from None
-            self._check(node, env[node], ctx)
-        flat = torch.utils._pytree.tree_flatten(program.output_args)[0]
-        outputs = [env[a] if isinstance(a, torch.fx.Node) else a for a in flat]
-        layouts = [lay[a] if isinstance(a, torch.fx.Node) else None for a in flat]
-        new_values, new_layouts = [], []
+            self._check(node, value, ctx)
+            return value
+
+        program.evaluate(env, seeds, step)
+        for i in program.mutated:
+            dst, src = program.mutations[i].args
+            if isinstance(env[src], jax.Array) and env[src].shape != env[dst].shape:
+                raise NotPaddable("an input mutation broadcasts a padded value")
+        outputs, new_values = program.results(env)
+        new_layouts = []
         for i in program.mutated:
             node = program.mutations[i]
-            dst, src = env[node.args[0]], env[node.args[1]]
-            if isinstance(src, jax.Array) and src.shape != dst.shape:
-                raise NotPaddable("an input mutation broadcasts a padded value")
-            new_values.append(_copy(dst, src))
-            new_layouts.append(lay[node.args[0]])
+            lay[node] = lay[node.args[0]]
+            new_layouts.append(lay[node])
+        flat = torch.utils._pytree.tree_flatten(program.output_args)[0]
+        layouts = [lay[a] if isinstance(a, torch.fx.Node) else None for a in flat]
         self.python_outputs[key] = [None if isinstance(o, jax.Array) else o for o in outputs]
         self.output_layouts[key] = ([l for o, l in zip(outputs, layouts) if isinstance(o, jax.Array)], new_layouts)
         for l in self.output_layouts[key][0]:  # teach graphs reading these tensors back their flattening order
@@ -895,7 +908,8 @@ class PaddedProgram:
         _CTX[0] = None
         return tuple(o for o in outputs if isinstance(o, jax.Array)), tuple(new_values)
 
-    def _run(self, node, env, lay, seeds, ctx):
+    def _run(self, node, args, kwargs, lay, seeds, ctx):
+        """One node: (value, layout)."""
         program = self.program
         val = node.meta.get("val")
         if isinstance(val, torch.SymBool):
@@ -910,27 +924,20 @@ class PaddedProgram:
             return None, None
         if isinstance(val, torch.SymInt):
             return int(val), None
-        look = lambda a: env[a] if isinstance(a, torch.fx.Node) else a  # noqa: E731
-        look_lay = lambda a: lay[a] if isinstance(a, torch.fx.Node) else None  # noqa: E731
-        args = map_aggregate(node.args, look)
-        kwargs = map_aggregate(node.kwargs, look)
         if node.target is operator.getitem:
             return args[0][args[1]], (lay[node.args[0]][args[1]] if lay[node.args[0]] is not None else None)
-        call = program.calls[node]
+        look_lay = lambda a: lay[a] if isinstance(a, torch.fx.Node) else None  # noqa: E731
         layouts = (map_aggregate(node.args, look_lay), map_aggregate(node.kwargs, look_lay))
         padded_inputs = any(isinstance(l, tuple) and any(d is not None for d in l)
                             for l in torch.utils._pytree.tree_flatten(layouts)[0] if l is not None) or \
             any(_has_padded(l) for l in list(layouts[0]) + list(layouts[1].values()))
         has_size = any(isinstance(a, Size) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0])
         symbolic_out = _symbolic_output(val)
-        if isinstance(call, OpCall) and call.random and (padded_inputs or symbolic_out):
+        if node in program.seed_index and (padded_inputs or symbolic_out):
             raise NotPaddable("a random op: its draws depend on the padded shape")
 
         def run(a, kw):
-            a, kw = _convert(node, a, kw)
-            if node in program.seed_index:
-                return call(a, kw, seeds[program.seed_index[node]])
-            return call(a, kw)
+            return program.apply(node, *_convert(node, a, kw), seeds)
 
         if not padded_inputs and not has_size and not symbolic_out:
             out = run(args, kwargs)

@@ -40,6 +40,7 @@ from ..distributed import collectives
 from ..ops.signature import Signature
 from . import stats
 from .interpreter import OTHER, GraphProgram, LoweringError, signature
+from .runner import GraphRunner, Strategy
 
 c10d = torch.ops._c10d_functional
 
@@ -154,19 +155,20 @@ def _resolve(name: str):
     return group if isinstance(group, ProcessGroupPjrt) else None
 
 
-class SpmdGraph:
-    """How a CompiledGraph runs when `plan` found a layout for its collectives."""
+class Spmd(Strategy):
+    """The runner's strategy when `plan` found a layout for the graph's collectives."""
 
-    def __init__(self, compiled, layout: Layout):
-        self.compiled, self.layout, self.mesh = compiled, layout, layout.mesh
-        if compiled.jax_device != self.mesh.device:
+    def __init__(self, runner: GraphRunner, layout: Layout, example_inputs):
+        super().__init__(runner)
+        self.layout, self.mesh = layout, layout.mesh
+        if runner.jax_device != self.mesh.device:
             raise LoweringError(
-                f"pjrt compile: graph '{compiled.name}' runs on pjrt:{compiled.device}, but its collectives' process "
+                f"pjrt compile: graph '{runner.name}' runs on pjrt:{runner.device}, but its collectives' process "
                 f"group uses pjrt:{layout.group.device_index} on this rank (pjrt:LOCAL_RANK where a process sees "
                 f"several devices); move the inputs to pjrt:{layout.group.device_index}")
-        self.program: GraphProgram = compiled.program
+        self.program: GraphProgram = runner.program
         self.name = self.program.name
-        self.static = tuple(i for i, k in enumerate(compiled.kinds) if k == OTHER)  # process groups
+        self.static = tuple(i for i, k in enumerate(runner.kinds) if k == OTHER)  # process groups
         self.constants = [self._global(c) for c in self.program.constants]
         self.scalar_constants = tuple(i for i, c in enumerate(self.program.constants)
                                       if isinstance(c, jax.Array) and c.ndim == 0)
@@ -177,7 +179,8 @@ class SpmdGraph:
         self.jit = jit()
         # mutated inputs' buffers donated when nothing else holds them, as on one device (their
         # global arrays share the local buffers, so donating those donates the shards)
-        self.donating = jit(donate_argnums=tuple(3 + i for i in compiled.mutated)) if compiled.mutated else None
+        self.donating = jit(donate_argnums=tuple(3 + i for i in runner.mutated)) if runner.mutated else None
+        self._build([runner.spec(x) for x in example_inputs])
 
     # ---------------------------------------------------------------- the program
     def _program(self, scalar_inputs: tuple, seeds, constants, *inputs):
@@ -204,8 +207,7 @@ class SpmdGraph:
     def _global(self, x):
         return self.mesh.to_global(x) if isinstance(x, jax.Array) else x
 
-    # ---------------------------------------------------------------- a call
-    def build(self, specs) -> None:
+    def _build(self, specs) -> None:
         """Trace now for the example inputs, so lowering errors surface at torch.compile time."""
         def spec(s):
             if not isinstance(s, jax.ShapeDtypeStruct):
@@ -214,30 +216,35 @@ class SpmdGraph:
             return jax.ShapeDtypeStruct(shape, s.dtype, sharding=self.mesh.sharding)
 
         scalars = tuple(i for i, s in enumerate(specs) if isinstance(s, jax.ShapeDtypeStruct) and not s.shape)
-        seeds = spec(self.compiled._seed_spec())
-        self.compiled._trace(lambda: self.jit.trace(scalars, seeds, self.constants, *map(spec, specs)))
+        seeds = spec(self.runner.seed_spec())
+        self.runner.trace(lambda: self.jit.trace(scalars, seeds, self.constants, *map(spec, specs)))
 
-    def call(self, tensors: list):
-        compiled = self.compiled
-        inputs = compiled._read_inputs(tensors)
-        for i in compiled.pjrt_inputs:
+    # ---------------------------------------------------------------- a call
+    def prepare(self, tensors: list):
+        runner = self.runner
+        inputs = runner.read_inputs(tensors)
+        for i in runner.pjrt_inputs:
             if not isinstance(inputs[i], jax.Array):  # a strided view: resolved here, shards are whole arrays
                 inputs[i] = storage.read(tensors[i])
         scalars = tuple(i for i, x in enumerate(inputs) if isinstance(x, jax.Array) and x.ndim == 0)
-        seeds = compiled._seeds()
+        seeds = runner.seeds()
         seeds = self._global(jax.device_put(seeds, self.mesh.device)) if seeds is not None else None
-        fn = self.donating if self.donating is not None and compiled._donatable(inputs) else self.jit
+        fn = self.donating if self.donating is not None and runner.donatable(inputs) else self.jit
         arrays = [self._global(x) for x in inputs]
+        return fn, (scalars, seeds, self.constants, *arrays), inputs
 
+    def execute(self, fn, args):
+        """On the collectives' dispatcher thread, waited for with the group's timeout."""
         def run():
             with stats.building(self.name):
-                return jax.block_until_ready(fn(scalars, seeds, self.constants, *arrays))
+                return jax.block_until_ready(fn(*args))
 
-        stats.add("calls")
-        before = stats.marker()
-        result = self.layout.group.run_compiled(self.name, run)
-        if stats.marker() != before:
-            compiled._count_executable(compiled._why_new(inputs, fn))
+        return self.layout.group.run_compiled(self.name, run)
+
+    def why_new(self, fn, inputs) -> str:
+        return self.runner.why_new(inputs, undonated=fn is self.jit and self.donating is not None)
+
+    def results(self, result, inputs):
         if self.fingerprint is not None:
             result, everyone = result
             self._check(everyone)
@@ -245,7 +252,7 @@ class SpmdGraph:
         scalar_outputs, scalar_values = self.scalar_outputs[signature(inputs)]
         outputs = [self.mesh.local(o, s) for o, s in zip(outputs, scalar_outputs)]
         new_values = [self.mesh.local(v, s) for v, s in zip(new_values, scalar_values)]
-        return compiled._finish(tensors, outputs, new_values, inputs)
+        return outputs, new_values, self.runner.python_values(inputs)
 
     def _check(self, everyone) -> None:
         ranks = self.layout.ranks
