@@ -10,7 +10,7 @@ import torch._dynamo
 
 from . import optimizers
 from .backend import pjrt_backend
-from .interpreter import LoweringError
+from ..eager.graph import LoweringError
 from .stats import compile_stats, reset_compile_stats
 
 __all__ = ["pjrt_backend", "compile_stats", "reset_compile_stats", "LoweringError", "export"]

@@ -3,7 +3,7 @@
 Dynamo hands each captured graph to `pjrt_backend`. AOTAutograd functionalizes it into
 core ATen (decomposing only what the op table lacks), splits training graphs into a
 forward and a backward graph, and gives each to `compile_graph`, which builds a
-`GraphProgram` (interpreter.py) and a `GraphRunner` (runner.py) with the strategy that fits
+`GraphProgram` (eager/graph.py) and a `GraphRunner` (runner.py) with the strategy that fits
 the graph (`choose_strategy`), compiled ahead of time for the example inputs' shapes.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from ..runtime import platform
 from . import dynamic, spmd, stats
-from .interpreter import GraphProgram, LoweringError, find_lowering
+from ..eager.graph import GraphProgram, LoweringError, find_lowering
 from .runner import Exact, GraphRunner, ReduceOverhead, dump
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

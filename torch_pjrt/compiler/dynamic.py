@@ -25,7 +25,7 @@ from jax.sharding import SingleDeviceSharding
 from ..dtypes import to_jax
 from ..runtime import storage
 from . import stats
-from .interpreter import LoweringError
+from ..eager.graph import LoweringError
 from .padding import NotPaddable, PaddedProgram, Size, dim_for_expr, expand_layout, host_eval, pad_fn, sym_expr, \
     unpad_fn
 from .runner import GraphRunner, Strategy, hint

@@ -30,7 +30,7 @@ import sympy
 import torch
 from torch.fx.node import map_aggregate
 
-from .interpreter import _OpCall, find_lowering
+from ..eager.graph import _OpCall, find_lowering
 
 aten = torch.ops.aten
 

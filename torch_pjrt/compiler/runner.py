@@ -28,7 +28,7 @@ from ..dtypes import to_jax
 from ..runtime import platform, storage
 from ..runtime.build import load as _load_runtime
 from . import stats
-from .interpreter import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, signature
+from ..eager.graph import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, signature
 
 _rt = _load_runtime()
 whole_buffer = _rt.whole_buffer

@@ -39,7 +39,7 @@ from ..distributed.xla import GroupMesh, agreed, as_block, fingerprints
 from ..distributed import collectives
 from ..ops.signature import Signature
 from . import stats
-from .interpreter import OTHER, GraphProgram, LoweringError, signature
+from ..eager.graph import OTHER, GraphProgram, LoweringError, signature
 from .runner import GraphRunner, Strategy
 
 c10d = torch.ops._c10d_functional

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .backend import decompositions
-from .interpreter import GraphProgram, abstract_input
+from ..eager.graph import GraphProgram, abstract_input
 
 
 def export(model: torch.nn.Module, example_args: tuple, example_kwargs: dict | None = None, *,

@@ -3,7 +3,7 @@
 The first call of a signature (the op, its tensors' shapes, strides, dtypes and devices, its
 other arguments' values) traces torch's decomposition with make_fx over fake tensors,
 functionalized, into the ops the table has; the graph then runs through the compile path's
-interpreter (compiler/interpreter.py, GraphProgram) inside one `jax.jit`, so eager gets one
+interpreter (eager/graph.py, GraphProgram) inside one `jax.jit`, so eager gets one
 executable, not one dispatch per sub-op. Written arguments get the graph's new values
 (storage.write), outputs the layout the trace gave them; a return that aliases an argument
 returns that argument.
@@ -61,7 +61,7 @@ class _Program:
     """One traced signature: the graph, its jitted function, where results go."""
 
     def __init__(self, op, decomposition, args, kwargs):
-        from ..compiler.interpreter import GraphProgram
+        from .graph import GraphProgram
 
         flat, self.in_spec = tree_flatten((args, kwargs))
         self.tensor_positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
@@ -130,7 +130,7 @@ class _NotTraceable(Exception):
 
 
 def _input_signature(inputs):
-    from ..compiler.interpreter import signature
+    from .graph import signature
 
     return signature(inputs)
 

@@ -6,7 +6,9 @@ tensor, a CPU tensor, an int), which inputs the graph mutates (AOTAutograd's tra
 `function` is pure: (seeds, constants, *inputs) -> (outputs, new values of mutated inputs),
 and runs every call_function node through the op table's lowering, binding arguments with
 the table's bound call (ops/call.py), exactly as the eager kernels do. The caller
-puts it inside one `jax.jit`, so a graph is one XLA executable.
+puts it inside one `jax.jit`, so a graph is one XLA executable. Compiled graphs
+(compiler/) and eager's decompositions (decomposed.py) share it, which is why it lives in the
+eager layer, below the compiler.
 
 A few nodes are graph plumbing rather than ops and are interpreted here: `getitem`,
 `copy_` (the functionalization's write-back, run as the table's aten.copy) and the
