@@ -180,7 +180,7 @@ class Kernel:
         return _wrap(result, device)
 
     def fast_kinds(self) -> list[int] | None:
-        """Per argument, how the C++ kernel (runtime.cpp, FastKernel) passes it to the
+        """Per argument, how the C++ kernel (runtime/csrc/fast_path.cpp, FastKernel) passes it to the
         executable; None when this op needs the Python kernel for every call (tensor
         lists, randomness, bounds checks, a device argument, non-tensor returns)."""
         if (self.list_args or self.scalar_list_args or self.random or self.index_probes is not None or self.host_indices
@@ -211,7 +211,7 @@ def _traced_call(lowering: Lowering, sig: Signature, *values):
 
 
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
-# FastKernel's argument kinds (runtime.cpp, ArgKind), by schema type for static arguments.
+# FastKernel's argument kinds (runtime/csrc/fast_path.cpp, ArgKind), by schema type for static arguments.
 _FAST_TENSOR, _FAST_SCALAR = 0, 1
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
                 "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,

@@ -37,7 +37,7 @@ NAME = "torch_pjrt_runtime"
 CSRC = Path(__file__).parent / "csrc"
 # How long the last cold build took on a 2-core machine shared with other work
 # (docs/benchmarks.md, "Cold install and first import"); the build line quotes it.
-MEASURED_BUILD = "about 1 minute on 2 cores, longer on a busy machine"
+MEASURED_BUILD = "30-40 s on 2 cores, longer on a busy machine"
 # A build that holds the lock longer than this is stuck (a stopped process): say who holds it.
 LOCK_WAIT_LIMIT_S = 30 * 60
 _PARTIAL = ".partial-"  # prefix of a build in progress (or of one that was interrupted)
@@ -130,6 +130,7 @@ class _BuildLock:
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
+            time.sleep(0.5)  # also gives a new owner the moment it needs to write its pid
             owner = self._owner()
             if not announced:
                 _say(f"waiting for process {owner} to finish building the C++ runtime in {self.path.parent}")
@@ -140,7 +141,6 @@ class _BuildLock:
                     f"process {owner} has held the torch-pjrt runtime build lock {self.path} for more than "
                     f"{LOCK_WAIT_LIMIT_S // 60} minutes. If it is stopped or stuck, end it (kill {owner}) and import again."
                 )
-            time.sleep(0.5)
         self.file.seek(0)
         self.file.truncate()
         self.file.write(f"{os.getpid()}\n")
@@ -176,7 +176,7 @@ def _build(build_dir: Path, key: str):
         partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL}{key}-", dir=cache_dir()))
         _say(
             f"building the C++ runtime for torch {torch.__version__} ({len(SOURCES)} files) in {build_dir}; "
-            f"once per torch version, {MEASURED_BUILD}"
+            f"once per torch version; it takes {MEASURED_BUILD}"
         )
         started = time.monotonic()
         try:
@@ -193,6 +193,7 @@ def _build(build_dir: Path, key: str):
             raise
         if build_dir.exists():  # not a complete build (those arrive by rename only): an older layout
             shutil.rmtree(build_dir)
+        partial.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache from other users
         # The library stays mapped from its inode, so the loaded module survives the rename.
         os.rename(partial, build_dir)
         _say(f"built the C++ runtime in {time.monotonic() - started:.0f} s")

@@ -10,10 +10,13 @@
 
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
@@ -21,6 +24,14 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+
+// torch's IValue -> Python conversion, exported by libtorch_python. Declared here rather
+// than through its header (torch/csrc/jit/python/pybind_utils.h), which pulls in the
+// TorchScript frontend and doubles this unit's build time; the declaration has been the
+// same since torch 1.x, and a change would fail loudly at import (an undefined symbol).
+namespace torch::jit {
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
 
 namespace torch_pjrt {
 
