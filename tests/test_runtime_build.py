@@ -69,3 +69,16 @@ def test_interrupted_build_then_concurrent_imports(tmp_path):
     assert "waiting for process" in waiter and "to finish building the C++ runtime" in waiter, waiter
     assert not partial.exists() and not list(cache.glob(".partial-*"))
     assert len(list(cache.glob("runtime-*/*.so"))) == 1
+
+
+def test_warm_import_probes_no_compiler():
+    """With the library in the cache, importing runs no compiler, ninja or lock: it works
+    with neither on PATH and prints nothing."""
+    from torch_pjrt.runtime import build
+
+    build.load()  # the cache this process uses is warm
+    env = {**os.environ, "CXX": "no-such-compiler", "PATH": "/nonexistent",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", USE_DEVICE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "2.0" and r.stderr == ""
