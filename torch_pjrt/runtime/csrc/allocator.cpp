@@ -2,7 +2,7 @@
 // PROT_NONE range (never dereferenced, so a stray read faults instead of corrupting
 // memory); the DataPtr's context (Holder) owns the storage's JAX buffer. Memory statistics
 // and a capacity limit per device (an allocation past it raises torch.OutOfMemoryError,
-// like CUDA's caching allocator). Pinned host memory.
+// like CUDA's caching allocator), reported to torch's memory profiler. Pinned host memory.
 #include "runtime.h"
 
 #include <c10/core/CachingDeviceAllocator.h>
@@ -68,6 +68,14 @@ class HandleArena {
 };
 HandleArena g_arena;
 
+// torch.profiler(profile_memory=True) and the memory snapshot see pjrt allocations as
+// device memory; nothing is cached, so reserved is allocated.
+void report_to_profiler(void* handle, int64_t delta, int64_t allocated, c10::DeviceIndex device) {
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+    c10::reportMemoryUsageToProfiler(handle, delta, size_t(allocated), size_t(allocated), c10::Device(kPjrt, device));
+  }
+}
+
 void release_holder(void* ctx) {
   auto* h = static_cast<Holder*>(ctx);
   if (h->buffer && Py_IsInitialized()) {
@@ -76,9 +84,10 @@ void release_holder(void* ctx) {
     PyGILState_Release(gil);
   }
   auto& mem = g_memory[h->device];
-  mem.allocated -= int64_t(h->nbytes);
+  int64_t now = (mem.allocated -= int64_t(h->nbytes));
   mem.bytes_freed_total += int64_t(h->nbytes);
   mem.frees++;
+  report_to_profiler(h->handle, -int64_t(h->nbytes), now, h->device);
   g_arena.give_back(h->handle, h->nbytes);
   delete h;
 }
@@ -198,6 +207,7 @@ c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
   }
   mem.allocations++;
   mem.bytes_allocated_total += int64_t(nbytes);
+  report_to_profiler(h->handle, int64_t(nbytes), now, device);
   return {h->handle, h, &release_holder, c10::Device(kPjrt, device)};
 }
 

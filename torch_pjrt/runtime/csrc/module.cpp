@@ -131,6 +131,7 @@ void init(int device_count, std::vector<int64_t> limits, py::object synchronize)
   Py_XDECREF(g_synchronize);
   g_synchronize = synchronize.release().ptr();
   register_hooks();
+  register_profiler_stubs();
 }
 
 py::dict memory_stats(int device) {

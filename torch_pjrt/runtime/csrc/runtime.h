@@ -11,6 +11,7 @@
 //   hooks.cpp       generators and the PrivateUse1 hooks
 //   kernels.cpp     metadata-only kernels (empty, empty_strided, as_strided, view,
 //                   _reshape_alias, resize_, set_) and the dtypes a storage may hold
+//   profiler.cpp    device time per op for torch's profiler (memory: allocator.cpp)
 //   fast_path.cpp   the eager fast path (FastKernel) and SDPA's backend choice
 //   module.cpp      the Python module (used by torch_pjrt/*.py): a storage's JAX buffer
 //                   as storage.py sees it, and the runtime's calls into Python
@@ -86,6 +87,9 @@ bool is_pinned_ptr(const void* p);
 const at::Generator& default_generator(c10::DeviceIndex idx);
 uint64_t next_seed(at::Generator generator);  // 64 random bits from a pjrt generator
 void register_hooks();
+
+// ---- profiler.cpp ----
+void register_profiler_stubs();  // device time per op for torch's profiler
 
 // ---- kernels.cpp ----
 void set_supported_dtypes(const std::vector<c10::ScalarType>& dtypes);
