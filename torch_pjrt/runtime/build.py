@@ -37,7 +37,7 @@ NAME = "torch_pjrt_runtime"
 CSRC = Path(__file__).parent / "csrc"
 # How long the last cold build took on a 2-core machine shared with other work
 # (docs/benchmarks.md, "Cold install and first import"); the build line quotes it.
-MEASURED_BUILD = "30-40 s on 2 cores, longer on a busy machine"
+MEASURED_BUILD = "30-40 s on 2 free cores, 70-140 s on 2 busy ones, less with more cores"
 # A build that holds the lock longer than this is stuck (a stopped process): say who holds it.
 LOCK_WAIT_LIMIT_S = 30 * 60
 _PARTIAL = ".partial-"  # prefix of a build in progress (or of one that was interrupted)
