@@ -185,7 +185,7 @@ def _build(build_dir: Path, key: str):
         except Exception as e:  # compiler errors arrive as RuntimeError with the log
             shutil.rmtree(partial, ignore_errors=True)
             raise RuntimeBuildError(
-                f"building the torch-pjrt C++ runtime in {partial} failed with torch {torch.__version__}. "
+                f"building the torch-pjrt C++ runtime for {build_dir} failed with torch {torch.__version__}. "
                 f"Check that the compiler works and that torch's headers are installed.\n{e}"
             ) from e
         except BaseException:  # KeyboardInterrupt: leave nothing half-built behind
