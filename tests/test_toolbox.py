@@ -259,3 +259,23 @@ def test_profiler_accepts_the_privateuse1_activity():
         with torch.profiler.record_function("step"):
             (x + 1).sum().item()
     assert "step" in {e.key for e in prof.key_averages()}
+
+
+def test_profiler_reports_pjrt_memory():
+    x = randn(64, 64).to("pjrt")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = x @ x
+    mm = next(e for e in prof.key_averages() if e.key == "aten::mm")
+    assert mm.self_device_memory_usage == y.nbytes == 64 * 64 * 4
+    assert mm.self_cpu_memory_usage == 0
+
+
+def test_legacy_profiler_reports_device_time_per_op():
+    x = randn(64, 64).to("pjrt")
+    (x @ x).relu()  # compiled outside the profile
+    with torch.autograd.profiler.profile(use_device="pjrt", profile_memory=True) as prof:
+        (x @ x).relu()
+    events = {e.key: e for e in prof.key_averages()}
+    assert events["aten::mm"].self_device_time_total > 0
+    assert events["aten::relu"].device_time_total > 0
+    assert events["aten::mm"].self_device_memory_usage == 64 * 64 * 4

@@ -1,7 +1,7 @@
 """scaled_dot_product_attention on pjrt: flash attention where shapes suit it, math otherwise.
 
 torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; the runtime's C++ stub
-(csrc/runtime.cpp, `sdp_choice`) asks `choose` below. Choosing
+(runtime/csrc/fast_path.cpp, `sdp_choice`) asks `choose` below. Choosing
 "overrideable" routes the call to `aten._scaled_dot_product_fused_attention_overrideable`
 (and autograd to its `_backward`), whose lowerings here run the flash-attention kernel; so
 eager calls and compiled graphs both use it, the latter inlined in the graph's executable.

@@ -55,7 +55,7 @@ def _resolve(v):
     return v
 
 
-# How the C++ fast path (runtime/csrc, FastKernel) passes each argument to the executable.
+# How the C++ fast path (runtime/csrc/fast_path.cpp, FastKernel) passes each argument to the executable.
 FAST_TENSOR, FAST_SCALAR = 0, 1
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
                 "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,

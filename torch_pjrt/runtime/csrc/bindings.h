@@ -1,0 +1,44 @@
+// What module.cpp and fast_path.cpp share: the functions that take or return Python
+// objects. pybind11's object types only (no casters, which cost build time).
+#pragma once
+
+#include "runtime.h"
+
+#include <pybind11/pytypes.h>
+
+namespace torch_pjrt {
+
+namespace py = pybind11;
+
+// ---- module.cpp: a storage's JAX buffer, as storage.py sees it ----
+// The buffer if `t` is exactly its storage's buffer, else None.
+py::object whole_buffer(const at::Tensor& t);
+py::object buffer(const at::Tensor& t);  // the storage's buffer, None while uninitialised
+// Replace the storage's buffer; `shape` and `dtype` describe the new buffer.
+void set_buffer(const at::Tensor& t, py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype);
+// A fresh contiguous pjrt tensor owning `obj` (a JAX array of that shape and dtype).
+at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype, c10::DeviceIndex device);
+at::Tensor wrap_array(py::object array, c10::DeviceIndex device);  // wrap(), reading shape and dtype here
+void set_dtype_map(py::dict jax_to_torch);  // JAX dtype -> torch dtype (the one mapping lives in dtypes.py)
+int64_t storage_nbytes(const at::Tensor& t);
+
+// A JAX array's shape and torch dtype, cached by its abstract value.
+struct ArrayType {
+  PyObject* aval = nullptr;  // owned
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+const ArrayType& array_type(const py::object& array);
+// True when `t` is exactly its storage's buffer (same shape, dtype, offset 0, contiguous,
+// no lazy conj/neg bit): the zero-cost read of the eager hot path.
+bool is_whole_buffer(const at::Tensor& t, const Holder* h);
+
+// ---- fast_path.cpp ----
+void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
+                       py::object strided_view, py::dict torch_to_jax);
+// Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object slow,
+                          py::object store, std::vector<int> kinds);
+void set_sdp_choice(py::function choose);
+
+}  // namespace torch_pjrt

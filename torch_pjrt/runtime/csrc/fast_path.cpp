@@ -1,0 +1,340 @@
+// The eager fast path: the PrivateUse1 kernel of a table op, in C++; and SDPA's backend
+// choice for pjrt tensors.
+//
+// Crossing from the dispatcher into a Python kernel converts every argument and
+// costs about as much as the XLA call itself. For the common call (tensor operands
+// that are pjrt tensors on one device, Python numbers, plain static arguments) this
+// kernel builds the op's executable arguments and wraps its results here; every other
+// call goes to the op's Python kernel (eager.Kernel), which owns the full semantics.
+#include "bindings.h"
+
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+// torch's IValue -> Python conversion, exported by libtorch_python. Declared here rather
+// than through its header (torch/csrc/jit/python/pybind_utils.h), which pulls in the
+// TorchScript frontend and doubles this unit's build time; the declaration has been the
+// same since torch 1.x, and a change would fail loudly at import (an undefined symbol).
+namespace torch::jit {
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
+
+namespace torch_pjrt {
+
+enum ArgKind : int { kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5 };
+
+struct EagerHelpers {
+  PyObject* weak_scalar = nullptr;   // eager._weak_scalar: a Python number as a cached weakly typed JAX scalar
+  PyObject* read_lazily = nullptr;   // storage.read_lazily: a view's operand
+  PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
+  PyObject* array_type = nullptr;    // jax's concrete array class
+  PyObject* strided_view = nullptr;  // storage.StridedView
+  std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
+};
+static EagerHelpers g_eager;
+
+static py::tuple int_tuple(c10::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); i++) PyTuple_SET_ITEM(out.ptr(), i, PyLong_FromLongLong(values[i]));
+  return out;
+}
+
+// storage.read_lazily in C++ for a view whose storage buffer is already there: a
+// StridedView with the geometry storage.py builds (the consuming executable resolves it).
+static py::object lazy_view(const at::Tensor& t, const Holder* h) {
+  auto dtype_index = static_cast<size_t>(t.scalar_type());
+  PyObject* dtype = dtype_index < g_eager.jax_dtypes.size() ? g_eager.jax_dtypes[dtype_index] : nullptr;
+  if (dtype && h && h->buffer &&
+      c10::multiply_integers(h->shape) * int64_t(c10::elementSize(h->dtype)) >= int64_t(t.storage().nbytes())) {
+    py::tuple geometry = py::make_tuple(int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
+                                        py::handle(dtype), py::bool_(t.is_conj()), py::bool_(t.is_neg()));
+    PyObject* view = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
+    if (!view) throw python_error();
+    return py::reinterpret_steal<py::object>(view);
+  }
+  PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());  // creates or grows the buffer
+  if (!view) throw python_error();
+  return py::reinterpret_steal<py::object>(view);
+}
+
+// Weak scalars by (kind, bits): converting a Python number costs a host-to-device copy.
+static std::unordered_map<uint64_t, PyObject*> g_weak_scalars[3];  // int, double, bool
+
+static PyObject* weak_scalar(const c10::Scalar& s) {
+  int kind;
+  uint64_t bits;
+  py::object value;
+  if (s.isBoolean()) {
+    kind = 2, bits = s.toBool(), value = py::bool_(s.toBool());
+  } else if (s.isIntegral(false)) {
+    int64_t v = s.toLong();
+    kind = 0, bits = uint64_t(v), value = py::int_(v);
+  } else if (s.isFloatingPoint()) {
+    double v = s.toDouble();
+    std::memcpy(&bits, &v, sizeof(v));
+    kind = 1, value = py::float_(v);
+  } else {
+    return nullptr;  // complex and symbolic: the Python kernel
+  }
+  auto& cache = g_weak_scalars[kind];
+  auto it = cache.find(bits);
+  if (it != cache.end()) return it->second;
+  PyObject* array = PyObject_CallOneArg(g_eager.weak_scalar, value.ptr());
+  if (!array) throw python_error();
+  if (cache.size() > 4096) {
+    for (auto& [_, v] : cache) Py_DECREF(v);
+    cache.clear();
+  }
+  cache.emplace(bits, array);
+  return array;
+}
+
+// A static argument as the Python value the executable keys on (lists become tuples).
+static py::object static_value(const c10::IValue& v, int kind) {
+  if (v.isNone()) return py::none();
+  switch (kind) {
+    case kDtype:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(c10::ScalarType(v.toInt()))));
+    case kLayout:
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(c10::Layout(v.toInt()))));
+    case kMemoryFormat:
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(c10::MemoryFormat(v.toInt())));
+  }
+  py::object o = torch::jit::toPyObject(v);
+  if (PyList_Check(o.ptr())) return py::reinterpret_steal<py::object>(PyList_AsTuple(o.ptr()));
+  return o;
+}
+
+class FastKernel : public c10::OperatorKernel {
+ public:
+  // `store` is None for a functional op; for an in-place op (self first), the Python
+  // function that writes a result into self when it is not simply self's new buffer.
+  FastKernel(py::object run, py::object slow, py::object store, std::vector<int> kinds)
+      : run_(run.release().ptr()), slow_(slow.release().ptr()),
+        store_(store.is_none() ? nullptr : store.release().ptr()), kinds_(std::move(kinds)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = kinds_.size();
+    py::gil_scoped_acquire gil;
+    py::object result;
+    int device = -1;
+    {
+      auto args = torch::jit::last(*stack, n);
+      py::tuple values(n);
+      bool fast = true;
+      for (size_t i = 0; i < n && fast; i++) {
+        py::object value = operand(args[i], kinds_[i], device, fast, store_ && i == 0);
+        if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
+      }
+      if (!fast || device < 0) return slow(op, stack, n);
+      PyObject* out = PyObject_Call(run_, values.ptr(), nullptr);
+      if (!out) {
+        // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+        PyErr_Clear();
+        return slow(op, stack, n);
+      }
+      result = py::reinterpret_steal<py::object>(out);
+    }
+    if (store_) {
+      at::Tensor self = (*stack)[stack->size() - n].toTensor();
+      torch::jit::drop(*stack, n);
+      store(self, result);
+      torch::jit::push(*stack, std::move(self));
+      return;
+    }
+    torch::jit::drop(*stack, n);
+    push_results(op, stack, result, c10::DeviceIndex(device));
+  }
+
+ private:
+  // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
+  // `written`: self of an in-place op.
+  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
+    if (kind == kScalar) {
+      if (v.isNone()) return py::none();
+      PyObject* s = v.isScalar() ? weak_scalar(v.toScalar()) : nullptr;
+      if (!s) fast = false;
+      return py::reinterpret_borrow<py::object>(s ? s : Py_None);
+    }
+    if (kind != kTensor) return static_value(v, kind);
+    if (v.isNone()) return py::none();
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return py::none();
+    if (t.device().type() == kPjrt) {
+      int index = t.device().index();
+      if (device >= 0 && device != index) {
+        fast = false;  // the Python kernel raises the device-mismatch error
+        return py::none();
+      }
+      device = index;
+      Holder* h = holder_of(t.storage());
+      if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
+      if (written) {  // an in-place write through a view: the Python kernel checks for overlaps
+        fast = false;
+        return py::none();
+      }
+      return lazy_view(t, h);
+    }
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number: promotes as a Scalar
+      PyObject* s = weak_scalar(t.item());
+      if (s) return py::reinterpret_borrow<py::object>(s);
+    }
+    fast = false;  // CPU tensors: the Python kernel allows scalars and raises for the rest
+    return py::none();
+  }
+
+  at::Tensor wrap_result(const c10::OperatorHandle& op, PyObject* array, c10::DeviceIndex device) {
+    if (array == Py_None) return at::Tensor();  // an output the op leaves undefined
+    if (Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {
+      // a storage.Permuted (an output laid out by torch's strides): wrap its physical array, permute the view
+      py::object permuted = py::reinterpret_borrow<py::object>(array);
+      py::object physical = permuted.attr("array");
+      TORCH_CHECK(Py_TYPE(physical.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type), "pjrt: the lowering of ",
+                  op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name, " instead of a jax array");
+      record(physical.ptr());
+      std::vector<int64_t> dims;
+      for (auto d : permuted.attr("inverse")) dims.push_back(d.cast<int64_t>());
+      return wrap_array(physical, device).permute(dims);
+    }
+    record(array);
+    return wrap_array(py::reinterpret_borrow<py::object>(array), device);
+  }
+
+  // self's storage takes the result as its buffer when it is exactly self's new value.
+  void store(const at::Tensor& self, const py::object& result) {
+    Holder* h = holder_of(self.storage());
+    if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type) && is_whole_buffer(self, h) &&
+        self.storage().nbytes() == size_t(self.numel()) * self.element_size()) {
+      const ArrayType& type = array_type(result);
+      if (type.shape != h->shape || type.dtype != h->dtype) return store_in_python(self, result);
+      record(result.ptr());
+      PyObject* old = h->buffer;
+      h->buffer = py::object(result).release().ptr();
+      Py_DECREF(old);
+      return;
+    }
+    store_in_python(self, result);
+  }
+
+  void store_in_python(const at::Tensor& self, const py::object& result) {
+    PyObject* out = PyObject_CallFunctionObjArgs(store_, py::cast(self).ptr(), result.ptr(), nullptr);
+    if (!out) throw python_error();
+    Py_DECREF(out);
+  }
+
+  // synchronize()'s bookkeeping of recent results (storage._recent)
+  static void record(PyObject* array) {
+    PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
+    if (!ok) throw python_error();
+    Py_DECREF(ok);
+  }
+
+  void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
+                    c10::DeviceIndex device) {
+    if (op.schema().returns().size() == 1) {
+      torch::jit::push(*stack, wrap_result(op, result.ptr(), device));
+      return;
+    }
+    for (auto item : result) torch::jit::push(*stack, wrap_result(op, item.ptr(), device));
+  }
+
+  // The Python kernel with the arguments as Python objects (all positional: it binds by schema order).
+  void slow(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n) {
+    auto args = torch::jit::last(*stack, n);
+    py::tuple values(n);
+    for (size_t i = 0; i < n; i++) {
+      py::object value = (kinds_[i] == kTensor || kinds_[i] == kScalar) ? torch::jit::toPyObject(args[i])
+                                                                          : static_value(args[i], kinds_[i]);
+      PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
+    }
+    torch::jit::drop(*stack, n);
+    PyObject* out = PyObject_Call(slow_, values.ptr(), nullptr);
+    if (!out) throw python_error();
+    py::object result = py::reinterpret_steal<py::object>(out);
+    if (op.schema().returns().size() == 1) {
+      torch::jit::push(*stack, unpack(op, result.ptr()));
+      return;
+    }
+    for (auto item : result) torch::jit::push(*stack, unpack(op, item.ptr()));
+  }
+
+  static at::Tensor unpack(const c10::OperatorHandle& op, PyObject* obj) {
+    if (obj == Py_None) return at::Tensor();
+    TORCH_CHECK(THPVariable_Check(obj), "pjrt: the kernel of ", op.schema().operator_name(), " returned a ",
+                Py_TYPE(obj)->tp_name, " instead of a tensor");
+    return THPVariable_Unpack(obj);
+  }
+
+  PyObject* run_;   // the op's executable (never freed: kernels live as long as the process)
+  PyObject* slow_;  // the op's Python kernel
+  PyObject* store_;  // in-place ops: storage write of a result into self
+  std::vector<int> kinds_;
+};
+
+static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
+
+void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
+                       py::object strided_view, py::dict torch_to_jax) {
+  g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
+             array_type.release().ptr(), strided_view.release().ptr()};
+  for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
+    auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
+    if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();
+  }
+}
+
+// Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object slow,
+                          py::object store, std::vector<int> kinds) {
+  auto& library = g_fast_libraries[ns];
+  if (!library) {
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
+                                               __LINE__);
+  }
+  library->impl(name.c_str(),
+                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
+}
+
+// ---------------------------------------------------------------------------
+// scaled_dot_product_attention's backend choice for pjrt tensors
+// ---------------------------------------------------------------------------
+// torch's SDPA asks `_fused_sdp_choice_stub` which backend serves the query's device, and
+// a PrivateUse1 backend can only register that stub from C++. It asks a Python callable
+// (torch_pjrt.kernels.sdpa.choose), so the rule lives beside the kernel it selects.
+static PyObject* g_sdp_choice = nullptr;
+
+int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  if (!g_sdp_choice) return static_cast<int64_t>(at::SDPBackend::math);
+  py::gil_scoped_acquire gil;
+  return py::reinterpret_borrow<py::function>(g_sdp_choice)(query, key, value, attn_mask, dropout_p, is_causal,
+                                                            scale, enable_gqa)
+      .cast<int64_t>();
+}
+
+void set_sdp_choice(py::function choose) {
+  Py_XDECREF(g_sdp_choice);
+  g_sdp_choice = choose.release().ptr();
+}
+
+}  // namespace torch_pjrt
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_pjrt::sdp_choice);
+}
