@@ -41,6 +41,18 @@ def weak_scalar(value):
     return array
 
 
+def _fresh_weak_scalar(value):
+    """A Python number as a new weakly typed JAX scalar, for use inside a trace: a cached
+    array closed over by a trace becomes a hoisted argument of the executable, which JAX's
+    fast path then fails to pass on the next call ("supplied N arguments, expected N+1")."""
+    if value.__class__ not in (int, float, bool, complex):
+        return value
+    try:
+        return jnp.asarray(value)
+    except OverflowError:  # beyond int64: let JAX report it in the op
+        return value
+
+
 def hashable(v):
     if isinstance(v, list):
         return tuple(hashable(x) for x in v)
@@ -92,13 +104,14 @@ class OpCall:
     def bind(self, args: tuple, kwargs: dict) -> list:
         return self.sig.bind(args, kwargs)
 
-    def prepare(self, values: list, seed=None) -> list:
+    def prepare(self, values: list, seed=None, cached: bool = True) -> list:
         """Bound values as the executable takes them: traced Scalars weak, the seed in place,
         static lists hashable. Changes `values` in place and returns it."""
+        weak = weak_scalar if cached else _fresh_weak_scalar
         for i in self.scalars:
-            values[i] = weak_scalar(values[i])
+            values[i] = weak(values[i])
         for i in self.scalar_lists:
-            values[i] = [weak_scalar(v) for v in values[i]]
+            values[i] = [weak(v) for v in values[i]]
         if self.random:
             if self.generator is not None:
                 values[self.generator] = seed
@@ -119,7 +132,7 @@ class OpCall:
 
     def __call__(self, args, kwargs, seed=None):
         """A call inside a trace (a graph node): bind, prepare, lower."""
-        return self.lower(*self.prepare(self.bind(tuple(args), kwargs), seed))
+        return self.lower(*self.prepare(self.bind(tuple(args), kwargs), seed, cached=False))
 
     # ------------------------------------------------------------------ executables
     @functools.lru_cache(None)

@@ -303,6 +303,8 @@ def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
 def _strided(buf, size, stride, offset, dtype):
     """The view's elements; `offset` may be traced (the geometry's other parts are static)."""
     flat = _flat_as(buf, dtype)
+    if 0 in size:  # no elements (its storage may be empty too)
+        return jnp.zeros(size, flat.dtype)
     dims = _memory_order(size, stride)
     if dims is None:  # overlapping windows: gather
         return flat[_element_indices(size, stride, 0) + offset]
