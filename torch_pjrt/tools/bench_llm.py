@@ -565,10 +565,15 @@ def plot(report: dict, path: str | os.PathLike) -> None:
             values = [(by_shape.get(sh) or {}).get(key) or math.nan for sh in shapes]
             highs = [(by_shape.get(sh) or {}).get(high_key) or math.nan for sh in shapes] if high_key else values
             xs = [i + (k - (len(targets) - 1) / 2) * width for i in range(len(shapes))]
-            ax.bar(xs, values, width, color=colors[k % len(colors)], label=target,
-                   yerr=[[0.0] * len(values), [max(0.0, h - v) if v == v and h == h else 0.0
-                                               for v, h in zip(values, highs)]],
-                   capsize=2, error_kw={"elinewidth": 1})
+            whiskers = [[0.0] * len(values), [max(0.0, h - v) if v == v and h == h else 0.0
+                                              for v, h in zip(values, highs)]] if high_key else None
+            ax.bar(xs, values, width, color=colors[k % len(colors)], label=target, yerr=whiskers, capsize=2,
+                   error_kw={"elinewidth": 1})
+            for x, shape in zip(xs, shapes):
+                row = by_shape.get(shape)
+                if row is not None and row["status"] != "ok":  # an empty slot says why
+                    ax.text(x, 0.02, row["status"], rotation=90, ha="center", va="bottom", fontsize=7, color="red",
+                            transform=ax.get_xaxis_transform())
         ax.set_yscale("log")
         ax.set_xticks(range(len(shapes)), [f"batch {b}\nprompt {p}" for b, p in shapes], fontsize=8)
         ax.set_title(title, fontsize=10)
