@@ -476,7 +476,8 @@ def render(report: dict, console=None) -> None:
     table = Table()
     for col in ("target", "mode", "batch x prompt", "TTFT ms p50/p95", "TPOT ms p50/p95", "first pass TTFT/TPOT ms",
                 "tok/s decode/out", "compile s", "peak mem", "$/M out", "tokens = cpu f32", "status"):
-        table.add_column(col, justify="left" if col in ("target", "mode", "status") else "right")
+        table.add_column(col, justify="left" if col in ("target", "mode", "status") else "right",
+                         no_wrap=col == "target")
     previous = None
     for r in report["rows"]:
         if previous is not None and (r["batch_size"], r["prompt_length"]) != previous:
@@ -528,7 +529,7 @@ def _load(value: float | None) -> str:
 
 
 def _pair(a: float | None, b: float | None) -> str:
-    return "-" if a is None else f"{_short_number(a)} / {_short_number(b)}"
+    return "-" if a is None else f"{_short_number(a)}/{_short_number(b)}"
 
 
 def _short_number(x: float) -> str:
