@@ -49,7 +49,7 @@ def test_every_row_has_every_field_and_they_agree(eager_report) -> None:
         assert tuple(r) == bench_llm.LLM_ROW_FIELDS
         assert r["status"] == "ok" and r["error"] is None, r["error"]
         assert (r["batch_size"], r["prompt_length"], r["new_tokens"]) == (1, 8, 4)
-        assert (r["warmup_passes"], r["timed_passes"], r["dtype"]) == (1, 2, "float32")
+        assert (r["warmup_passes"], r["timed_passes"], r["dtype"], r["quantization"]) == (1, 2, "float32", None)
         for key in LATENCIES:
             assert isinstance(r[key], float) and r[key] >= 0, (key, r[key])
         assert 0 < r["ttft_p50_ms"] <= r["ttft_p95_ms"]
@@ -99,6 +99,19 @@ def test_compiled_pjrt_is_the_static_cache_recipe_with_one_executable_per_phase(
     assert (row["mode"], row["cache"]) == ("compiled", "static")
     assert row["graphs"] == 2 and row["graph_breaks"] == 0  # prefill and decode, nothing more
     assert row["tokens_equal_cpu_float32"] is True, row["tokens_mismatch"]
+
+
+def test_torchao_int8_weight_only_on_pjrt_and_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    report = _run(tmp_path, *SMALLEST, "--targets", "pjrt,cpu", "--quantize", "int8-weight-only")
+    assert report["settings"]["quantization"] == "int8-weight-only"
+    assert "int8-weight-only alike" in report["settings"]["reference"]
+    for row in report["rows"]:
+        assert row["status"] == "ok", row["error"]
+        assert row["quantization"] == "int8-weight-only"
+        assert row["weights_bytes"] < 4 * row["params"]  # int8 linear weights, counted as stored
+        assert row["tokens_equal_cpu_float32"] is True, row["tokens_mismatch"]
+        assert row["fallback_ops"] == {}
 
 
 def test_a_token_mismatch_is_printed_loudly(eager_report) -> None:

@@ -185,6 +185,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     llm.add_argument("--new-tokens", type=int, help="tokens generated per pass (default 16)")
     llm.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                      help="the model's dtype on every target (default float32)")
+    llm.add_argument("--quantize", choices=("int8-weight-only", "int8-dynamic"),
+                     help="torchao config applied on every target (and to the CPU reference)")
     parser.add_argument("--targets", help="comma-separated: pjrt,pjrt-compile,cpu,inductor,cuda,"
                                           "cuda-inductor (default: all available)")
     parser.add_argument("--steps", type=int, help="timed steps per row (default 30, --quick 8; "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import inspect
 import math
 import os
@@ -51,6 +52,9 @@ LLM_MODES = ("eager", "compiled")
 # the compiled peer of each eager target; a row's mode is read from its target
 COMPILED_TARGET = {"pjrt": "pjrt-compile", "cpu": "inductor", "cuda": "cuda-inductor"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --quantize: torchao configs, applied with torchao.quantization.quantize_ after the model is on its device
+QUANTIZATIONS = {"int8-weight-only": "Int8WeightOnlyConfig",
+                 "int8-dynamic": "Int8DynamicActivationInt8WeightConfig"}
 
 # The built-in model: a randomly initialised Llama with grouped-query attention (4 query
 # heads share 2 KV heads), small enough that a 2-core CPU runs every target in a minute.
@@ -61,7 +65,7 @@ DEFAULTS = dict(batch_sizes=(1,), prompt_lengths=(32,), new_tokens=16, warmup=1,
 
 # every row has exactly these keys (None where a value does not apply or the row failed)
 LLM_ROW_FIELDS = (
-    "workload", "target", "mode", "device", "cache", "dtype", "status", "error",
+    "workload", "target", "mode", "device", "cache", "dtype", "quantization", "status", "error",
     "params", "weights_bytes", "kv_cache_bytes", "batch_size", "prompt_length", "new_tokens",
     "warmup_passes", "timed_passes",
     "first_pass_ttft_ms", "first_pass_tpot_ms", "compile_s",
@@ -137,6 +141,29 @@ def _random_weights(config) -> Callable[[], Any]:
         torch.manual_seed(0)
         return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return build
+
+
+def quantize(model, name: str | None):
+    """`model` with torchao's `name` config applied in place (None: unchanged)."""
+    if name is None:
+        return model
+    if importlib.util.find_spec("torchao") is None:
+        raise bench.Unavailable(f"--quantize {name} needs torchao (pip install torchao)")
+    import torchao.quantization
+
+    torchao.quantization.quantize_(model, getattr(torchao.quantization, QUANTIZATIONS[name])())
+    return model
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds: a wrapper subclass (torchao's quantized weights) is the sum of the
+    tensors inside it (int8 data and scales), not its logical float size."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
 
 
 def _cache_keyword(model) -> str:
@@ -220,7 +247,7 @@ def first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> str | Non
 class TargetRun:
     """One target's model and forward, and the passes it ran at the current shape."""
 
-    def __init__(self, target: str, lm: CausalLM, dtype: torch.dtype):
+    def __init__(self, target: str, lm: CausalLM, dtype: torch.dtype, quantization: str | None):
         self.target = target
         self.device = bench.target_device(target)
         self.mode = "eager" if target in COMPILED_TARGET else "compiled"
@@ -235,8 +262,8 @@ class TargetRun:
         try:
             model = lm.build()
             self.params = sum(p.numel() for p in model.parameters())
-            self.model = model.to(dtype=dtype, device=self.device).eval()
-            self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            self.model = quantize(model.to(dtype=dtype, device=self.device).eval(), quantization)
+            self.weights_bytes = sum(tensor_bytes(p) for p in self.model.parameters())
             self.forward = self._compiled_forward() if self.mode == "compiled" else self.model.forward
         except Exception as error:  # noqa: BLE001  (a failing target is a result)
             self._fail(error)
@@ -290,12 +317,12 @@ class TargetRun:
         self.wall_s += time.perf_counter() - start
 
 
-def _row(run: TargetRun, workload: str, dtype_name: str, batch: int, prompt_length: int, new_tokens: int,
+def _row(run: TargetRun, workload: str, dtype_name: str, quantization: str | None, batch: int, prompt_length: int, new_tokens: int,
          warmup: int, steps: int, reference: torch.Tensor | None, prices: dict[str, float], load: float | None,
          kv_bytes: int | None) -> dict:
     row = dict.fromkeys(LLM_ROW_FIELDS)
     row.update(workload=workload, target=run.target, mode=run.mode, device=run.device, cache=run.cache,
-               dtype=dtype_name, status="ok", params=run.params, weights_bytes=run.weights_bytes,
+               dtype=dtype_name, quantization=quantization, status="ok", params=run.params, weights_bytes=run.weights_bytes,
                kv_cache_bytes=kv_bytes, batch_size=batch, prompt_length=prompt_length, new_tokens=new_tokens,
                warmup_passes=warmup, timed_passes=steps, price_usd_per_hour=bench.price_for(run.target, prices),
                load_average_1min=load, fallback_ops={}, wall_s=round(getattr(run, "wall_s", 0.0), 3))
@@ -381,7 +408,7 @@ def _positive_ints(values, name: str) -> list[int]:
 
 def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=None, new_tokens: int | None = None,
                   modes=None, targets=None, warmup: int | None = None, steps: int | None = None,
-                  dtype: str = "float32", prices: dict[str, float] | None = None, progress: bool = True,
+                  dtype: str = "float32", quantization: str | None = None, prices: dict[str, float] | None = None, progress: bool = True,
                   cold: bool = False) -> dict:
     """Every (target, batch size, prompt length) of a causal LM; returns the report (LLM_ROW_FIELDS)."""
     t0 = time.perf_counter()
@@ -397,6 +424,8 @@ def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=
         raise ValueError("--warmup and --steps (passes, for --workload llm) must be at least 1")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"--quantize {quantization}: choose from {', '.join(QUANTIZATIONS)}")
     if model is not None and not is_hf_spec(model):
         raise ValueError(f"--model {model!r}: --workload llm takes hf:<directory, model type or cached name>")
     targets = llm_targets(targets, modes)
@@ -412,8 +441,9 @@ def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=
     with contextlib.ExitStack() as stack:
         caches = stack.enter_context(bench._compile_caches(cold))
         stack.callback(bar.close)
-        reference_model = lm.build().eval()
-        runs = [TargetRun(t, lm, DTYPES[dtype]) for t in targets]
+        # the reference is quantized alike: the check is of the device, not of the quantization
+        reference_model = quantize(lm.build().eval(), quantization)
+        runs = [TargetRun(t, lm, DTYPES[dtype], quantization) for t in targets]
         prompt_gen = torch.Generator().manual_seed(0)
         vocab = reference_model.config.get_text_config().vocab_size
         for batch, prompt_length in shapes:
@@ -432,7 +462,7 @@ def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=
                         run.run_pass(prompt, new_tokens)
                     bar.update(1)
             kv = kv_cache_bytes(reference_model.config, batch, prompt_length + new_tokens, DTYPES[dtype])
-            rows += [_row(run, lm.name, dtype, batch, prompt_length, new_tokens, warmup, steps, reference, prices,
+            rows += [_row(run, lm.name, dtype, quantization, batch, prompt_length, new_tokens, warmup, steps, reference, prices,
                           load, kv) for run in runs]
             for run in runs:
                 run.next_shape()
@@ -443,9 +473,11 @@ def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": {"model": lm.name, "description": lm.description, "batch_sizes": batch_sizes,
                      "prompt_lengths": prompt_lengths, "new_tokens": new_tokens, "dtype": dtype,
+                     "quantization": quantization,
                      "warmup_passes": warmup, "timed_passes": steps, "targets": targets,
                      "compile_caches": caches, "prices_usd_per_hour": prices, "decoding": "greedy",
-                     "reference": "untimed torch CPU float32 eager pass, dynamic cache"},
+                     "reference": "untimed torch CPU float32 eager pass, dynamic cache"
+                                  + (f", {quantization} alike" if quantization else "")},
         "host": {**bench._host(torch), "load_average_1min": load_at_start,
                  "load_average_1min_end": bench._load_average()},
         "rows": rows,
@@ -465,7 +497,8 @@ def render(report: dict, console=None) -> None:
     console = console or Console()
     host, s = report["host"], report["settings"]
     console.print(f"[bold]torch-pjrt bench --workload llm[/bold]: {escape(s['model'])} ({escape(s['description'])}), "
-                  f"{s['dtype']}, greedy, {s['new_tokens']} new tokens", highlight=False)
+                  f"{s['dtype']}" + (f", torchao {s['quantization']}" if s.get("quantization") else "")
+                  + f", greedy, {s['new_tokens']} new tokens", highlight=False)
     load, load_end = host.get("load_average_1min"), host.get("load_average_1min_end")
     console.print(f"machine: {host.get('cpu_count')} CPUs, load average {_load(load)} at the start, {_load(load_end)} "
                   f"at the end; torch {host.get('torch')} with {host.get('torch_threads')} CPU thread(s); jax "
@@ -605,6 +638,7 @@ def main(args, console) -> int:
         report = run_llm_bench(model=models[0] if models else None, batch_sizes=args.batch_sizes,
                                prompt_lengths=args.prompt_lengths, new_tokens=args.new_tokens, modes=args.modes,
                                targets=args.targets, warmup=args.warmup, steps=args.steps, dtype=args.dtype,
+                               quantization=args.quantize,
                                prices=bench.parse_prices(args.price), progress=not args.no_progress, cold=args.cold)
     except (ValueError, TypeError, ImportError, bench.Unavailable) as e:
         console.print(f"[red]torch-pjrt bench: {escape(str(e))}[/red]", highlight=False)
