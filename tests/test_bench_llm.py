@@ -144,6 +144,14 @@ def test_hf_directory_without_weights_gets_random_ones(tmp_path: Path) -> None:
     assert row["status"] == "ok" and row["tokens_equal_cpu_float32"] is True, row["error"]
 
 
+def test_json_alone_goes_to_stdout_and_the_table_to_stderr(capsys) -> None:
+    assert main(["bench", *SMALLEST, "--targets", "cpu", "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # nothing but the JSON on stdout
+    assert [(r["target"], r["status"]) for r in report["rows"]] == [("cpu", "ok")]
+    assert "torch-pjrt bench --workload llm" in captured.err and "TTFT ms" in captured.err
+
+
 def test_modes_select_targets() -> None:
     assert bench_llm.llm_targets(["pjrt", "pjrt-compile", "cpu", "inductor"], ["eager"]) == ["pjrt", "cpu"]
     assert bench_llm.llm_targets(["pjrt", "pjrt-compile", "cpu", "inductor"], ["compiled"]) == [

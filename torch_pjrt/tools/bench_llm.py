@@ -615,10 +615,12 @@ def plot(report: dict, path: str | os.PathLike) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
     host, s = report["host"], report["settings"]
+    load, cpus = host.get("load_average_1min"), host.get("cpu_count") or 1
+    busy = " (busy machine: noisy, ratios are not results)" if load is not None and load > cpus else ""
     fig.suptitle(f"torch-pjrt bench --workload llm: {s['model']}, {s['dtype']}, {s['new_tokens']} new tokens "
                  f"(whisker: p95)\npjrt on {host.get('pjrt_platform')}, {host.get('pjrt_device')}; "
                  f"{host.get('torch_threads')} torch threads; load {_load(host.get('load_average_1min'))} on "
-                 f"{host.get('cpu_count')} CPUs", fontsize=9)
+                 f"{host.get('cpu_count')} CPUs{busy}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
