@@ -66,6 +66,10 @@ def test_every_row_has_every_field_and_they_agree(eager_report) -> None:
         # GQA: 2 layers x keys and values x 2 KV heads x head_dim 16 x (8 + 4) positions, float32
         assert r["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 12 * 4
         assert r["graphs"] is None and r["fallback_ops"] == {}
+        if r["target"] == "pjrt":  # steady passes reuse the first pass's executables
+            assert r["executables_first_pass"] >= 0 and r["executables_timed"] == 0
+        else:
+            assert r["executables_first_pass"] is None and r["executables_timed"] is None
         assert r["load_average_1min"] is not None
 
 
@@ -98,6 +102,7 @@ def test_compiled_pjrt_is_the_static_cache_recipe_with_one_executable_per_phase(
     assert row["status"] == "ok", row["error"]
     assert (row["mode"], row["cache"]) == ("compiled", "static")
     assert row["graphs"] == 2 and row["graph_breaks"] == 0  # prefill and decode, nothing more
+    assert row["executables_timed"] == 0  # every timed token runs the executables built in warm-up
     assert row["tokens_equal_cpu_float32"] is True, row["tokens_mismatch"]
 
 

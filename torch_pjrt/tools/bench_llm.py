@@ -74,6 +74,7 @@ LLM_ROW_FIELDS = (
     "peak_memory_bytes", "memory_method",
     "price_usd_per_hour", "usd_per_million_output_tokens",
     "tokens_equal_cpu_float32", "tokens_mismatch",
+    "executables_first_pass", "executables_timed",
     "graphs", "graph_breaks", "fallback_ops", "load_average_1min", "wall_s",
 )
 
@@ -194,6 +195,29 @@ def kv_cache_bytes(config, batch: int, length: int, dtype: torch.dtype) -> int |
         return None
 
 
+class XlaExecutables:
+    """How many XLA executables this process has built, compiled or loaded from the
+    persistent cache: JAX reports each one as a backend-compile event (eager pjrt's per-op
+    executables and the pjrt backend's graphs alike), so a pass's count says whether it
+    compiled anything."""
+
+    count = 0
+    _listening = False
+
+    @classmethod
+    def listen(cls) -> None:
+        if cls._listening:
+            return
+        import jax.monitoring
+
+        def on_duration(name: str, seconds: float, **_) -> None:
+            if name == "/jax/core/compile/backend_compile_duration":
+                cls.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+        cls._listening = True
+
+
 # ------------------------------------------------------------------------------------
 # one pass: prefill, then the decode loop
 # ------------------------------------------------------------------------------------
@@ -294,6 +318,7 @@ class TargetRun:
     def start_shape(self) -> None:
         self.passes: list[Pass] = []
         self.peaks: list[int] = []
+        self.executables: list[int] = []  # per pass, pjrt targets only
         self.memory_method = None
         self.graphs = self.graph_breaks = 0
         self.fallback_before = bench._fallback_counts() if self.device == "pjrt" else {}
@@ -302,6 +327,7 @@ class TargetRun:
     def run_pass(self, prompt_cpu: torch.Tensor, new_tokens: int) -> None:
         start = time.perf_counter()
         graphs_before, breaks_before = bench._dynamo_counts()
+        executables_before = XlaExecutables.count
         try:
             prompt = prompt_cpu.to(self.device)
             with bench._PeakMemory(self.device) as memory:
@@ -311,6 +337,8 @@ class TargetRun:
             self.passes.append(result)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
+        if self.device == "pjrt":
+            self.executables.append(XlaExecutables.count - executables_before)
         graphs, breaks = bench._dynamo_counts()
         self.graphs += graphs - graphs_before
         self.graph_breaks += breaks - breaks_before
@@ -341,6 +369,8 @@ def _row(run: TargetRun, workload: str, dtype_name: str, quantization: str | Non
         row.update(status="error", error=run.error)
         return row
     _fill_llm_timings(row, run.passes[:warmup], run.passes[warmup:], batch, prompt_length, new_tokens)
+    if run.executables:
+        row["executables_first_pass"], row["executables_timed"] = run.executables[0], sum(run.executables[warmup:])
     timed_peaks = [p for p in run.peaks[warmup:] if p is not None]
     if timed_peaks:
         # the pass's own peak (cache, activations) plus the model's weights, on every device alike
@@ -431,6 +461,8 @@ def run_llm_bench(*, model: str | None = None, batch_sizes=None, prompt_lengths=
     targets = llm_targets(targets, modes)
     prices = dict(bench.DEFAULT_PRICES) if prices is None else prices
     lm = causal_lm(model, max(prompt_lengths) + new_tokens)
+    if any(bench.target_device(t) == "pjrt" for t in targets):
+        XlaExecutables.listen()
     shapes = [(b, p) for b in batch_sizes for p in prompt_lengths]
 
     from tqdm.auto import tqdm
@@ -508,9 +540,10 @@ def render(report: dict, console=None) -> None:
                   f"none is in p50/p95) + {s['timed_passes']} timed, interleaved across targets", highlight=False)
     table = Table()
     for col in ("target", "mode", "batch x prompt", "TTFT ms p50/p95", "TPOT ms p50/p95", "first pass TTFT/TPOT ms",
-                "tok/s decode/out", "compile s", "peak mem", "$/M out", "tokens = cpu f32", "status"):
+                "tok/s decode/out", "compile s", "XLA exe", "peak mem", "$/M out", "= cpu f32", "status"):
+        # a number too wide for its column folds onto the next line rather than losing digits
         table.add_column(col, justify="left" if col in ("target", "mode", "status") else "right",
-                         no_wrap=col == "target")
+                         no_wrap=col == "target", overflow="fold")
     previous = None
     for r in report["rows"]:
         if previous is not None and (r["batch_size"], r["prompt_length"]) != previous:
@@ -524,7 +557,9 @@ def render(report: dict, console=None) -> None:
                       _pair(r["ttft_p50_ms"], r["ttft_p95_ms"]), _pair(r["tpot_p50_ms"], r["tpot_p95_ms"]),
                       _pair(r["first_pass_ttft_ms"], r["first_pass_tpot_ms"]),
                       _pair(r["decode_tokens_per_s"], r["output_tokens_per_s"]),
-                      bench._num(r["compile_s"], "{:,.2f}"), bench._bytes(r["peak_memory_bytes"]),
+                      bench._num(r["compile_s"], "{:,.2f}"),
+                      "-" if r["executables_first_pass"] is None else f"{r['executables_first_pass']}/{r['executables_timed']}",
+                      bench._bytes(r["peak_memory_bytes"]),
                       bench._num(r["usd_per_million_output_tokens"], "${:.3g}"),
                       "-" if equal is None else "yes" if equal else "[bold red]NO[/bold red]", status)
     console.print(table)
@@ -534,8 +569,10 @@ def render(report: dict, console=None) -> None:
                   "each ends with the device's synchronize. decode tok/s = batch / mean TPOT; out tok/s = "
                   "batch x new tokens / whole generation (prefill included), the base of $/M out. compile s: "
                   "warm-up passes' time minus as many steady passes. first pass: eager pjrt compiles an executable "
-                  "per new sequence length there (dynamic cache); later passes at the same shape reuse them.",
-                  highlight=False)
+                  "per new sequence length there (dynamic cache); later passes at the same shape reuse them. XLA exe: "
+                  "first/timed, executables pjrt built (compiled, or loaded from the persistent cache) in the first pass / in all "
+                  "timed passes (0: nothing compiled while measuring). = cpu f32: every pass's greedy tokens equal those of "
+                  "an untimed torch CPU float32 eager pass.", highlight=False)
     console.print("peak mem: the model's weights + a timed pass's peak above its start "
                   "(pjrt/cuda: the allocator's max_memory_allocated; cpu: process RSS, coarse)", highlight=False)
     console.print(bench.prices_note(report), highlight=False)
