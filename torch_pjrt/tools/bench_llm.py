@@ -525,6 +525,7 @@ def render(report: dict, console=None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     host, s = report["host"], report["settings"]
@@ -538,22 +539,16 @@ def render(report: dict, console=None) -> None:
                   + (f"; CUDA {host['cuda']}" if host.get("cuda") else ""), highlight=False)
     console.print(f"passes per shape and target: {s['warmup_passes']} warm-up (the first is 'first pass'; "
                   f"none is in p50/p95) + {s['timed_passes']} timed, interleaved across targets", highlight=False)
-    table = Table()
-    for col in ("target", "mode", "batch x prompt", "TTFT ms p50/p95", "TPOT ms p50/p95", "first pass TTFT/TPOT ms",
-                "tok/s decode/out", "compile s", "XLA exe", "peak mem", "$/M out", "= cpu f32", "status"):
-        # a number too wide for its column folds onto the next line rather than losing digits
-        table.add_column(col, justify="left" if col in ("target", "mode", "status") else "right",
-                         no_wrap=col == "target", overflow="fold")
-    previous = None
+    columns = ("target", "mode", "b x p", "TTFT ms p50/p95", "TPOT ms p50/p95", "first pass TTFT/TPOT ms",
+               "tok/s decode/out", "compile s", "XLA exe", "peak mem", "$/M out", "= cpu f32", "status")
+    cells, sections = [], []
     for r in report["rows"]:
-        if previous is not None and (r["batch_size"], r["prompt_length"]) != previous:
-            table.add_section()
-        previous = (r["batch_size"], r["prompt_length"])
+        sections.append((r["batch_size"], r["prompt_length"]))
         equal = r["tokens_equal_cpu_float32"]
-        status = "ok" if r["status"] == "ok" else f"[red]{r['status']}[/red] (below)"
+        status = "ok" if r["status"] == "ok" else f"[red]{r['status']}[/red]"  # the message is under the table
         if r["fallback_ops"]:
             status += f" [yellow](CPU fallback: {', '.join(r['fallback_ops'])})[/yellow]"
-        table.add_row(r["target"], r["mode"], f"{r['batch_size']} x {r['prompt_length']}",
+        cells.append((r["target"], r["mode"], f"{r['batch_size']}x{r['prompt_length']}",
                       _pair(r["ttft_p50_ms"], r["ttft_p95_ms"]), _pair(r["tpot_p50_ms"], r["tpot_p95_ms"]),
                       _pair(r["first_pass_ttft_ms"], r["first_pass_tpot_ms"]),
                       _pair(r["decode_tokens_per_s"], r["output_tokens_per_s"]),
@@ -561,7 +556,16 @@ def render(report: dict, console=None) -> None:
                       "-" if r["executables_first_pass"] is None else f"{r['executables_first_pass']}/{r['executables_timed']}",
                       bench._bytes(r["peak_memory_bytes"]),
                       bench._num(r["usd_per_million_output_tokens"], "${:.3g}"),
-                      "-" if equal is None else "yes" if equal else "[bold red]NO[/bold red]", status)
+                      "-" if equal is None else "yes" if equal else "[bold red]NO[/bold red]", status))
+    table = Table()
+    for i, col in enumerate(columns):
+        # numbers keep their width (headers wrap instead); the status column takes what is left
+        widest = max((Text.from_markup(row[i]).cell_len for row in cells), default=0) if col != "status" else None
+        table.add_column(col, justify="left" if col in ("target", "mode", "status") else "right", min_width=widest)
+    for i, row in enumerate(cells):
+        if i and sections[i] != sections[i - 1]:
+            table.add_section()
+        table.add_row(*row)
     console.print(table)
     console.print("modes: eager = model.forward with the dynamic cache; compiled = static cache + "
                   "torch.compile(model.forward) (pjrt backend on pjrt, inductor elsewhere).", highlight=False)
