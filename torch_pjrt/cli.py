@@ -169,17 +169,30 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     parser.add_argument("--quick", action="store_true",
                         help="mlp and gpt only, small shapes, few steps (about a minute with "
                              "warm compile caches on a 2-core CPU)")
-    parser.add_argument("--workloads", help="comma-separated: mlp,cnn,gpt,hf (default: all; "
-                                            "none when --model is given)")
+    parser.add_argument("--workloads", "--workload", dest="workloads",
+                        help="comma-separated: mlp,cnn,gpt,hf (default: all; none when --model is "
+                             "given); or llm alone: a causal LM's prefill and decode (TTFT, time per "
+                             "output token, $ per million output tokens)")
     parser.add_argument("--model", action="append", metavar="MODULE:FUNCTION",
                         help="your workload: a function returning (model, example batch); "
-                             "MODULE may be a dotted name or path/to/file.py (repeatable)")
-    parser.add_argument("--modes", help="comma-separated: train,infer (default: both)")
+                             "MODULE may be a dotted name or path/to/file.py (repeatable); with "
+                             "--workload llm: hf:<directory | model type | cached model name>")
+    parser.add_argument("--modes", help="comma-separated: train,infer (default: both); with "
+                                        "--workload llm: eager,compiled")
+    llm = parser.add_argument_group("--workload llm")
+    llm.add_argument("--batch-sizes", help="comma-separated batch sizes (default 1)")
+    llm.add_argument("--prompt-lengths", help="comma-separated prompt lengths in tokens (default 32)")
+    llm.add_argument("--new-tokens", type=int, help="tokens generated per pass (default 16)")
+    llm.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                     help="the model's dtype on every target (default float32)")
+    llm.add_argument("--quantize", choices=("int8-weight-only", "int8-dynamic"),
+                     help="torchao config applied on every target (and to the CPU reference)")
     parser.add_argument("--targets", help="comma-separated: pjrt,pjrt-compile,cpu,inductor,cuda,"
                                           "cuda-inductor (default: all available)")
-    parser.add_argument("--steps", type=int, help="timed steps per row (default 30, --quick 8)")
+    parser.add_argument("--steps", type=int, help="timed steps per row (default 30, --quick 8; "
+                                                  "llm: timed passes, default 3)")
     parser.add_argument("--warmup", type=int, help="warm-up steps per row, the first compiles "
-                                                   "(default 3, --quick 2)")
+                                                   "(default 3, --quick 2; llm: warm-up passes, default 1)")
     parser.add_argument("--price", action="append", metavar="TARGET=USD_PER_HOUR",
                         help="price per hour of a target or device, e.g. pjrt=1.2 cpu=0.1 "
                              "(repeatable; defaults: cpu=0.1, cuda=2.5, tpu=1.2, pjrt priced "

@@ -374,9 +374,11 @@ class _PeakMemory:
     def __enter__(self):
         if self.device == "pjrt":
             torch.pjrt.reset_peak_memory_stats()
+            self.start = int(torch.pjrt.memory_allocated())
             self.method = "torch.pjrt.max_memory_allocated"
         elif self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+            self.start = int(torch.cuda.memory_allocated())
             self.method = "torch.cuda.max_memory_allocated"
         elif _reset_peak_rss():
             self.start = _rss("VmRSS")
@@ -399,6 +401,14 @@ class _PeakMemory:
 
         scale = 1 if sys.platform == "darwin" else 1024
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+    def increase(self) -> int | None:
+        """The peak above what was allocated at the start: what the measured code itself
+        needed, whatever else (another target's model) lives on the same device."""
+        peak = self.peak()
+        if peak is None or self.method.startswith("process peak RSS ("):
+            return peak  # ru_maxrss cannot be reset: the whole process's peak, as-is
+        return peak if self.method.startswith("process peak RSS minus") else max(0, peak - self.start)
 
 
 def _reset_peak_rss() -> bool:
@@ -775,17 +785,10 @@ def render(report: dict, console=None) -> None:
     methods = sorted({(r["device"], r["memory_method"]) for r in report["rows"] if r["memory_method"]})
     for device, method in methods:
         console.print(f"peak mem on {device}: {method}", highlight=False)
-    prices = report["settings"]["prices_usd_per_hour"]
-    console.print("prices ($/hour, --price to change): " + ", ".join(f"{k}={v:g}" for k, v in prices.items())
-                  + f"; pjrt runs on the {host.get('pjrt_platform')} platform", highlight=False)
+    console.print(prices_note(report), highlight=False)
     console.print("compile s: warm-up steps' time minus the same number of steady p50 steps "
                   "(eager pjrt compiles one executable per op signature).", highlight=False)
-    load, cpus, threads = host.get("load_average_1min"), host.get("cpu_count") or 1, host.get("torch_threads")
-    if load is not None and load > cpus:
-        advice = "; --threads 1 steadies it" if threads and threads > 1 else ""
-        console.print(f"[yellow]warning: the machine was busy (load average {load:.1f} on {cpus} CPUs at the start): "
-                      f"timings are noisy, torch's CPU thread pool ({threads} thread{'s' if threads != 1 else ''}) suffers most"
-                      f"{advice}[/yellow]", highlight=False)
+    print_load_warning(host, console)
     for item in report["unavailable"]:
         console.print(f"[yellow]{item['workload']}: unavailable[/yellow] ({escape(item['reason'])})")
     for item in report.get("not_run", ()):
@@ -796,6 +799,22 @@ def render(report: dict, console=None) -> None:
             console.print(f"[red]{r['workload']} {r['mode']} {r['target']}[/red]: {escape(r['error'])}",
                           highlight=False)
     console.print(f"bench wall time: {report['wall_s']:.0f} s")
+
+
+def prices_note(report: dict) -> str:
+    prices = report["settings"]["prices_usd_per_hour"]
+    return ("prices ($/hour, --price to change): " + ", ".join(f"{k}={v:g}" for k, v in prices.items())
+            + f"; pjrt runs on the {report['host'].get('pjrt_platform')} platform")
+
+
+def print_load_warning(host: dict, console) -> None:
+    """A busy machine makes every timing noisy, the CPU peers' thread pool above all: say so."""
+    load, cpus, threads = host.get("load_average_1min"), host.get("cpu_count") or 1, host.get("torch_threads")
+    if load is not None and load > cpus:
+        advice = "; --threads 1 steadies it" if threads and threads > 1 else ""
+        console.print(f"[yellow]warning: the machine was busy (load average {load:.1f} on {cpus} CPUs at the start): "
+                      f"timings are noisy and ratios between rows are not results; torch's CPU thread pool ({threads} thread{'s' if threads != 1 else ''}) suffers most"
+                      f"{advice}[/yellow]", highlight=False)
 
 
 def _short(text: str | None, width: int = 70) -> str:
@@ -894,6 +913,11 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
+def is_llm_run(args) -> bool:
+    """`--workload llm`, or a `--model hf:...` (a causal LM: only the llm workload takes one)."""
+    return "llm" in (_split(args.workloads) or []) or any(m.startswith("hf:") for m in args.model or ())
+
+
 def main(args) -> int:
     """The CLI's `bench` (see cli._add_bench)."""
     from rich.console import Console
@@ -910,6 +934,15 @@ def main(args) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if is_llm_run(args):
+        from torch_pjrt.tools import bench_llm
+
+        if (_split(args.workloads) or ["llm"]) != ["llm"]:
+            console.print("[red]torch-pjrt bench: --workload llm runs alone (its rows are prefill and decode, "
+                          "not steps)[/red]", highlight=False)
+            return 2
+
+        return bench_llm.main(args, console)
     try:
         prices = parse_prices(args.price)
         report = run_bench(workloads=args.workloads, models=args.model or (), modes=args.modes, targets=args.targets,
