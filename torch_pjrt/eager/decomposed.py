@@ -65,7 +65,7 @@ class _Program:
 
         flat, self.in_spec = tree_flatten((args, kwargs))
         self.tensor_positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
-        statics = list(flat)
+        statics = [None if isinstance(x, torch.Tensor) else x for x in flat]  # the cache must not keep tensors alive
 
         def graph_fn(*tensors):
             values = list(statics)

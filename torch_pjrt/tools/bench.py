@@ -372,6 +372,9 @@ class _PeakMemory:
         self.start = 0
 
     def __enter__(self):
+        import gc
+
+        gc.collect()  # an earlier row's model and optimizer may wait in reference cycles
         if self.device == "pjrt":
             torch.pjrt.reset_peak_memory_stats()
             self.start = int(torch.pjrt.memory_allocated())
