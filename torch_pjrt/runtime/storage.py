@@ -182,36 +182,44 @@ class StridedView:
     """A tensor's geometry over its storage's buffer: an operand an executable resolves
     (the C++ fast path builds it too, with the geometry as a plain tuple)."""
 
-    __slots__ = ("buffer", "geometry")
+    __slots__ = ("buffer", "_geometry")
 
     def __init__(self, buffer, geometry: tuple):
-        self.buffer = buffer
-        self.geometry = geometry if type(geometry) is Geometry else Geometry(*geometry)
+        self.buffer, self._geometry = buffer, geometry  # converted only when read by name (rare)
+
+    @property
+    def geometry(self) -> Geometry:
+        g = self._geometry
+        return g if type(g) is Geometry else Geometry(*g)
 
     @property
     def shape(self) -> tuple:
-        return self.geometry.size
+        return self._geometry[0]
 
     @property
     def dtype(self):
-        return self.geometry.dtype
+        return self._geometry[3]
 
     def tree_flatten(self):
         # the offset is traced: x[i] for every i is one executable, not one per i
-        geometry = self.geometry
-        return (self.buffer, offset_operand(geometry.offset)), geometry._replace(offset=None)
+        g = self._geometry
+        static = _STATIC_GEOMETRY.get(g)
+        if static is None:
+            if len(_STATIC_GEOMETRY) > 4096:
+                _STATIC_GEOMETRY.clear()
+            static = _STATIC_GEOMETRY[g] = Geometry(*g)._replace(offset=None)
+        return (self.buffer, offset_operand(g[2])), static
 
     @classmethod
-    def tree_unflatten(cls, geometry, children):
-        view = object.__new__(cls)  # children may be tracers: no conversion
-        view.buffer, view.geometry = children[0], geometry._replace(offset=children[1])
-        return view
+    def tree_unflatten(cls, static, children):
+        return cls(children[0], static._replace(offset=children[1]))  # children may be tracers
 
     def resolve(self) -> jax.Array:
         """The view's value (traced inside the consumer's executable)."""
-        return read_view(self.buffer, *self.geometry)
+        return read_view(self.buffer, *self._geometry)
 
 
+_STATIC_GEOMETRY: dict = {}  # a view's geometry -> its static part (the pytree's aux data), per call otherwise rebuilt
 _OFFSETS: dict = {}
 
 
