@@ -20,6 +20,7 @@ read back on the first call. Limits are in docs/compile.md.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import os
@@ -34,32 +35,34 @@ from torch._inductor.codegen.common import (
     register_backend_for_device,
     register_device_op_overrides,
 )
-from torch._inductor.scheduler import BaseScheduling
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
+from ..runtime import storage
 from . import cache
 
 
 class InductorGraph:
-    """One post-grad graph handed over by inductor: the graph, where each of the op's
-    arguments sits among its placeholders, and (on first call) its compiled executable."""
+    """One post-grad graph handed over by inductor: its body (placeholders in order, the
+    tensors ones and the symbolic sizes), and on first call its compiled executable."""
 
     def __init__(self, gm: torch.fx.GraphModule, placement):
         self.gm = gm
-        self.placement = placement  # per placeholder: ("mutated" | "inputs" | "sizes", index)
+        self.placement = placement  # per placeholder: ("inputs" | "sizes", index)
         self.compiled = None
         self.lock = threading.Lock()
 
-    def arguments(self, mutated, inputs, sizes):
-        groups = {"mutated": mutated, "inputs": inputs, "sizes": sizes}
+    def arguments(self, inputs, sizes):
+        groups = {"inputs": inputs, "sizes": sizes}
         return [groups[group][i] for group, i in self.placement]
 
-    def run(self, key, mutated, inputs, sizes):
-        args = self.arguments(mutated, inputs, sizes)
+    def run(self, key, inputs, sizes):
+        args = self.arguments(inputs, sizes)
         with self.lock:
             if self.compiled is None:
                 from .backend import Config, compile_graph
 
+                if any("val" not in n.meta for n in self.gm.graph.nodes if n.op != "output"):
+                    _propagate_meta(self.gm, args)
                 self.compiled = compile_graph(self.gm, args, config=Config(), name=f"inductor_{key[:12]}")
         return self.compiled(list(args))
 
@@ -71,6 +74,17 @@ class InductorGraph:
 
 
 _graphs: dict[str, InductorGraph] = {}
+
+
+def _propagate_meta(gm: torch.fx.GraphModule, args) -> None:
+    """A graph read back from disk lost its nodes' fake values (they do not pickle): the
+    interpreter reads each node's shape and dtype from them, so recompute them for `args`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fake)
 
 
 def _store_dir() -> Path:
@@ -93,90 +107,87 @@ def _lookup(key: str) -> InductorGraph:
     return graph
 
 
-_library = torch.library.Library("torch_pjrt", "FRAGMENT")
-_ops: dict[int, torch._ops.OpOverload] = {}
+# A functional op and a separate write-back: inductor calls a custom op that mutates its
+# arguments only when it returns plain tensors (no Tensor[]), and a graph's output count varies.
+@torch.library.custom_op("torch_pjrt::inductor_graph", mutates_args=())
+def inductor_graph(key: str, inputs: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    """Run stored graph `key` (one XLA executable): its outputs, then its mutated inputs' new values."""
+    return _lookup(key).run(key, inputs, sizes)
 
 
-def graph_op(n_outputs: int) -> torch._ops.OpOverload:
-    """`torch_pjrt::inductor_graph_<n>`: run graph `key`, returning its n tensor outputs.
-
-    One op per output count because inductor calls a mutating custom op only when its
-    returns are plain tensors (no `Tensor[]`), so the arity must be in the schema."""
-    op = _ops.get(n_outputs)
-    if op is None:
-        name = f"inductor_graph_{n_outputs}"
-        returns = "()" if n_outputs == 0 else "Tensor" if n_outputs == 1 else f"({', '.join(['Tensor'] * n_outputs)})"
-        _library.define(f"{name}(str key, Tensor(a!)[] mutated, Tensor[] inputs, SymInt[] sizes) -> {returns}")
-
-        def run(key, mutated, inputs, sizes):
-            return _results(_lookup(key).run(key, mutated, inputs, sizes), n_outputs)
-
-        def fake(key, mutated, inputs, sizes):
-            # the graph itself under fake tensors gives each output's shape, dtype and strides
-            graph = _graphs[key]
-            return _results([r.clone() for r in graph.gm(*graph.arguments(mutated, inputs, sizes))], n_outputs)
-
-        _library.impl(name, run, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"torch_pjrt::{name}", fake, lib=_library)
-        op = _ops[n_outputs] = getattr(torch.ops.torch_pjrt, name).default
-    return op
+@inductor_graph.register_fake
+def _(key, inputs, sizes):
+    # the graph itself under fake tensors gives each output's shape, dtype and strides
+    graph = _graphs[key]
+    return [r.clone() for r in graph.gm(*graph.arguments(inputs, sizes))]
 
 
-def _results(values, n_outputs):
-    return None if n_outputs == 0 else values[0] if n_outputs == 1 else tuple(values)
+@torch.library.custom_op("torch_pjrt::write_back", mutates_args=("targets",))
+def write_back(targets: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """The graph's input mutations: each target takes its new value (a buffer swap where whole)."""
+    for target, value in zip(targets, values):
+        if target.device.type == "pjrt" and value.device.type == "pjrt":
+            storage.write(target, storage.read(value))
+        else:
+            target.copy_(value)
+
+
+@write_back.register_fake
+def _(targets, values):
+    return None
 
 
 def _is_tensor(node) -> bool:
     return isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)
 
 
-def _mutated_placeholders(gm) -> set:
-    """Placeholders written by a `copy_` (AOTAutograd's input mutations kept in the graph)."""
-    written = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
-            written.add(node.args[0])
-    return written
+def _is_input_mutation(node) -> bool:
+    """AOTAutograd keeps an input mutation in the graph as `copy_(placeholder, new value)`."""
+    return node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder"
 
 
 class HandGraphToPjrt(CustomGraphModulePass):
-    """Inductor's post-grad pass for pjrt: the graph's body becomes one `inductor_graph` call."""
+    """Inductor's post-grad pass for pjrt: the graph's body becomes one `inductor_graph`
+    call (and one `write_back` for its input mutations)."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         graph = gm.graph
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-        written = _mutated_placeholders(gm)
-        groups = {"mutated": [], "inputs": [], "sizes": []}
+        mutations = [n for n in graph.nodes if _is_input_mutation(n)]
+        groups = {"inputs": [], "sizes": []}
         placement = []
         for node in placeholders:
-            group = "mutated" if node in written else "inputs" if _is_tensor(node) else "sizes"
+            group = "inputs" if _is_tensor(node) else "sizes"
             placement.append((group, len(groups[group])))
             groups[group].append(node)
         output = graph.output_node()
         flat, spec = torch.utils._pytree.tree_flatten(output.args[0])
         # computed tensors come back from the op; placeholders and symbolic sizes stay as they are
         routed = [i for i, v in enumerate(flat) if _is_tensor(v) and v.op != "placeholder"]
-        if not routed and not written:
+        if not routed and not mutations:
             return
-        body = torch.fx.GraphModule(gm, copy_graph(graph, placeholders, routed, flat))
-        key = hashlib.sha256(body.code.encode() + repr([(n.meta["val"].dtype, n.meta["val"].shape) if _is_tensor(n) else None
-                                                        for n in placeholders]).encode()).hexdigest()
+        returned = [flat[i] for i in routed] + [m.args[1] for m in mutations]
+        body = torch.fx.GraphModule(gm, _body(graph, returned))
+        signature = [(n.meta["val"].dtype, tuple(n.meta["val"].shape)) if _is_tensor(n) else None for n in placeholders]
+        key = hashlib.sha256((body.code + repr(signature)).encode()).hexdigest()
         entry = InductorGraph(body, placement)
         _graphs[key] = entry
         _store(key, entry)
         with graph.inserting_before(output):
-            call = graph.call_function(graph_op(len(routed)), (key, groups["mutated"], groups["inputs"], groups["sizes"]))
-            call.meta["val"] = _results([flat[i].meta["val"] for i in routed], len(routed))
-            if len(routed) == 1:
-                flat[routed[0]] = call
-            for j, i in enumerate(routed if len(routed) > 1 else ()):
+            call = graph.call_function(inductor_graph._opoverload, (key, groups["inputs"], groups["sizes"]))
+            call.meta["val"] = [v.meta["val"] for v in returned]
+            items = []
+            for j, value in enumerate(returned):
                 item = graph.call_function(operator.getitem, (call, j))
-                item.meta["val"] = flat[i].meta["val"]
-                flat[i] = item
+                item.meta["val"] = value.meta["val"]
+                items.append(item)
+            if mutations:
+                graph.call_function(write_back._opoverload, ([m.args[0] for m in mutations], items[len(routed):]))
+        for j, i in enumerate(routed):
+            flat[i] = items[j]
         output.args = (torch.utils._pytree.tree_unflatten(flat, spec),)
-        for node in reversed(list(graph.nodes)):
-            if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in written:
-                graph.erase_node(node)
+        for node in mutations:
+            graph.erase_node(node)
         graph.eliminate_dead_code()
         gm.recompile()
 
@@ -184,15 +195,16 @@ class HandGraphToPjrt(CustomGraphModulePass):
         return get_hash_for_files((__file__,))
 
 
-def copy_graph(graph: torch.fx.Graph, placeholders, routed, flat) -> torch.fx.Graph:
-    """The body the op runs: every node, returning the routed outputs (mutations included)."""
+def _body(graph: torch.fx.Graph, returned) -> torch.fx.Graph:
+    """The graph the op runs: every node but the input mutations, returning `returned`."""
     body = torch.fx.Graph()
     env = {}
     for node in graph.nodes:
         if node.op == "output":
             break
-        env[node] = body.node_copy(node, lambda n: env[n])
-    body.output(tuple(env[flat[i]] for i in routed))
+        if not _is_input_mutation(node):
+            env[node] = body.node_copy(node, lambda n: env[n])
+    body.output(tuple(env[v] for v in returned))
     return body
 
 
@@ -211,18 +223,40 @@ def _store(key: str, entry: InductorGraph) -> None:
         pass  # a graph that cannot be stored still runs in this process; a cache hit elsewhere says so
 
 
-class PjrtScheduling(BaseScheduling):
+def pjrt_scheduling(scheduler):
     """Inductor asks each device for a scheduling; pjrt graphs reach it holding one extern
     kernel, so there is never a kernel to generate (BaseScheduling raises if asked)."""
+    return _scheduling_class()(scheduler)
 
-    def ready_to_flush(self) -> bool:
-        return False
 
-    def flush(self) -> None:
-        pass
+@functools.lru_cache(1)
+def _scheduling_class():
+    # imported on first use: torch_pjrt.compiler loads while torch._inductor may still be
+    # importing itself (it imports torch._dynamo), and the scheduler module needs all of it
+    from torch._inductor.scheduler import BaseScheduling
 
-    def codegen_sync(self) -> None:
-        pass
+    class PjrtScheduling(BaseScheduling):
+        def ready_to_flush(self) -> bool:
+            return False
+
+        def flush(self) -> None:
+            pass
+
+        def codegen_sync(self) -> None:
+            pass
+
+    return PjrtScheduling
+
+
+class _ForwardToPythonWrapper(type):
+    def __getattr__(cls, name):
+        from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+        return getattr(PythonWrapperCodegen, name)
+
+
+class PjrtWrapperCodegen(metaclass=_ForwardToPythonWrapper):
+    """Inductor's Python wrapper, looked up on first use (like the scheduling)."""
 
 
 class PjrtDeviceOpOverrides(DeviceOpOverrides):
@@ -242,7 +276,5 @@ class PjrtDeviceOpOverrides(DeviceOpOverrides):
 def register() -> None:
     if get_scheduling_for_device("pjrt") is not None:
         return
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
-
     register_device_op_overrides("pjrt", PjrtDeviceOpOverrides())
-    register_backend_for_device("pjrt", PjrtScheduling, PythonWrapperCodegen, device_custom_pass=HandGraphToPjrt())
+    register_backend_for_device("pjrt", pjrt_scheduling, PjrtWrapperCodegen, device_custom_pass=HandGraphToPjrt())
