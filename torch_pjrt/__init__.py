@@ -57,6 +57,9 @@ def _setup() -> None:
 
     autocast.register()
     _after_import("torch._dynamo", _load_compiler)
+    from . import printing
+
+    printing.install()  # repr formats one CPU copy, as torch does for xla/lazy (printing.py)
     torch.utils.dlpack.to_dlpack = transfer.refuse_dlpack(torch.utils.dlpack.to_dlpack)
     torch.Tensor.__dlpack__ = transfer.refuse_dlpack(torch.Tensor.__dlpack__)
     from . import distributed
