@@ -17,9 +17,25 @@ import torch_pjrt
 from torch_pjrt.compiler import compile_stats, reset_compile_stats
 
 torchao = pytest.importorskip("torchao")
-from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_  # noqa: E402
+from torchao.quantization import (  # noqa: E402
+    Float8DynamicActivationFloat8WeightConfig,
+    Float8WeightOnlyConfig,
+    Int4WeightOnlyConfig,
+    Int8DynamicActivationInt8WeightConfig,
+    Int8WeightOnlyConfig,
+    IntxWeightOnlyConfig,
+    quantize_,
+)
+from torchao.quantization.granularity import PerGroup  # noqa: E402
 
-CONFIGS = {"int8_weight_only": Int8WeightOnlyConfig, "int8_dynamic_activation_int8_weight": Int8DynamicActivationInt8WeightConfig}
+CONFIGS = {
+    "int8_weight_only": Int8WeightOnlyConfig,
+    "int8_dynamic_activation_int8_weight": Int8DynamicActivationInt8WeightConfig,
+    "float8_weight_only": Float8WeightOnlyConfig,
+    # int4 weights, the portable way: IntxWeightOnlyConfig keeps int4 values unpacked in int8
+    # (Int4WeightOnlyConfig needs the CUDA-only mslk kernels: see the test below)
+    "int4_weight_only_intx": lambda: IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +87,15 @@ def test_compiled_matches_torchao_on_cpu(name):
     assert compile_stats()["executables"] >= 1
 
 
+@pytest.mark.parametrize("config", [Float8DynamicActivationFloat8WeightConfig, Int4WeightOnlyConfig])
+def test_cuda_only_configs_refuse_on_cpu_and_pjrt_alike(config):
+    """torchao itself refuses these without CUDA (a compute-capability check, the mslk
+    kernels), before any op runs: unmodified torchao cannot run them on pjrt or the CPU."""
+    for device in ("cpu", "pjrt"):
+        with pytest.raises((AssertionError, ImportError)):
+            quantize_(linear_stack().to(device), config())
+
+
 def test_int_mm_matches_cpu():
     a = torch.randint(-128, 128, (16, 64), dtype=torch.int8)
     b = torch.randint(-128, 128, (64, 24), dtype=torch.int8)
@@ -118,19 +143,21 @@ def test_printing_a_new_shape_compiles_nothing():
 
 
 def test_quantized_speed_ratio_is_recorded(capsys):
-    """Not a timing assertion: prints quantized / float eager time per call for the report."""
+    """Not a timing assertion: prints each config's eager time per call over float's, for the report."""
     model = linear_stack().to("pjrt")
-    q = copy.deepcopy(model)
-    quantize_(q, Int8DynamicActivationInt8WeightConfig())
     x = torch.randn(4, 64).to("pjrt")
+    models = {"float": model}
+    for name, config in CONFIGS.items():
+        models[name] = copy.deepcopy(model)
+        quantize_(models[name], config())
     times = {}
     with torch.no_grad():
-        for label, m in (("float", model), ("int8_dynamic", q)):
+        for label, m in models.items():
             m(x).cpu()
             start = time.perf_counter()
             for _ in range(20):
                 m(x).cpu()
             times[label] = (time.perf_counter() - start) / 20
     with capsys.disabled():
-        print(f"\neager per call: float {times['float'] * 1e3:.2f} ms, int8 dynamic {times['int8_dynamic'] * 1e3:.2f} ms, "
-              f"ratio {times['int8_dynamic'] / times['float']:.2f}")
+        print("\neager ms per call (ratio to float): " + ", ".join(
+            f"{k} {v * 1e3:.2f} ({v / times['float']:.1f}x)" for k, v in times.items()))
