@@ -7,10 +7,11 @@ builds inductor's wrapper directly), so the hook is inductor's own out-of-tree d
 
 - its `device_custom_pass` runs on every post-grad graph (functionalized ATen, after
   AOTAutograd) that touches a pjrt tensor. It replaces the graph's body by one call of the
-  custom op `torch_pjrt::inductor_graph_<n>`, which runs the body through the same path as
-  `backend="pjrt"` (`compile_graph`: the op-table interpreter, one XLA executable). Input
-  mutations (a static KV cache's `index_copy_`) stay inside that executable; the op
-  declares the mutated inputs, so inductor orders the call like any mutating extern kernel.
+  custom op `torch_pjrt::inductor_graph`, which runs the body through the same path as
+  `backend="pjrt"` (`compile_graph`: the op-table interpreter, one XLA executable) and
+  returns the graph's outputs and its mutated inputs' new values; `torch_pjrt::write_back`
+  then stores those into the inputs (a static KV cache's `index_copy_`), an op that
+  declares what it mutates, so inductor orders it like any mutating extern kernel.
 - its scheduling and wrapper entries let inductor emit the Python wrapper that calls the op
   (an extern kernel: inductor generates no pjrt kernels; the scheduling refuses to).
 
