@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
-from . import optimizers
+from . import inductor, optimizers
 from .backend import pjrt_backend
 from ..eager.graph import LoweringError
 from .stats import compile_stats, reset_compile_stats
@@ -53,4 +53,5 @@ def _register() -> None:
 
 _skip_in_dynamo()
 _register()
+inductor.register()
 optimizers.install()

@@ -26,6 +26,7 @@ from ..dtypes import to_jax
 from ..ops.call import OpCall
 from ..ops.shape import copy as copy_lowering
 from ..ops.registry import LOWERINGS, Lowering
+from ..ops.quantized import HIGHER_ORDER
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
@@ -152,6 +153,8 @@ class GraphProgram:
                 return _OpCall(target, lowering)
             raise self.error(node, "the pjrt op table has no lowering for it (and torch has no decomposition "
                                    "AOTAutograd applied)")
+        if target in HIGHER_ORDER:  # out_dtype(aten.mm, torch.int32, ...) from torchao (ops/quantized.py)
+            return lambda args, kw, _f=HIGHER_ORDER[target]: _f(*args, **kw)
         if callable(target) and not isinstance(target, torch._ops.OpOverloadPacket):
             return lambda args, kw, _f=target: _f(*args, **kw)  # int arithmetic on sizes (operator.mul, ...)
         raise self.error(node, "unsupported call target")

@@ -323,6 +323,13 @@ def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory
     return core.arange(start, end, 1, dtype=dtype)
 
 
+# inductor's decompositions write arange as prims.iota (the default torch.compile backend
+# hands its post-grad graphs to this table: compiler/inductor.py)
+@lowering(torch.ops.prims.iota.default, static=("length", "start", "step"), padding=Padding("arange"))
+def iota(length, *, start, step, dtype, device, requires_grad):
+    return core.arange(start, start + length * step, step, dtype=dtype)
+
+
 def _linspace_exponents(start, end, steps, dtype):
     """torch's CPU linspace in its step type (the dtype for floats, double for integers)."""
     if steps < 0:
