@@ -39,7 +39,7 @@ from torch._inductor.codegen.common import (
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
 from ..runtime import storage
-from . import cache
+from ..runtime.build import cache_dir
 
 
 class InductorGraph:
@@ -89,7 +89,7 @@ def _propagate_meta(gm: torch.fx.GraphModule, args) -> None:
 
 
 def _store_dir() -> Path:
-    return cache.directory().parent / "inductor_graphs"
+    return cache_dir() / "inductor_graphs"
 
 
 def _lookup(key: str) -> InductorGraph:
