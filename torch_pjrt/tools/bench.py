@@ -926,7 +926,7 @@ def main(args) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from torch_pjrt.tools.output import to_stdout, write_json
+    from torch_pjrt.tools.output import to_stdout
 
     # --json alone: stdout carries the JSON, the table goes to stderr
     stream = sys.stderr if to_stdout(args.json) else sys.stdout
@@ -954,6 +954,15 @@ def main(args) -> int:
     except (ValueError, TypeError, ImportError) as e:
         console.print(f"[red]torch-pjrt bench: {e}[/red]", highlight=False)
         return 2
+    return show(report, args, console, render, plot)
+
+
+def show(report: dict, args, console, render, plot) -> int:
+    """The table, then the JSON and the plot where asked (every workload's last step)."""
+    from rich.markup import escape
+
+    from torch_pjrt.tools.output import to_stdout, write_json
+
     render(report, console)
     if args.json:
         write_json(report, args.json)

@@ -671,8 +671,6 @@ def main(args, console) -> int:
     """`torch-pjrt bench --workload llm` (bench.main hands the parsed arguments over)."""
     from rich.markup import escape
 
-    from torch_pjrt.tools.output import to_stdout, write_json
-
     models = args.model or []
     if len(models) > 1:
         console.print("[red]torch-pjrt bench: --workload llm takes one --model[/red]", highlight=False)
@@ -686,12 +684,4 @@ def main(args, console) -> int:
     except (ValueError, TypeError, ImportError, bench.Unavailable) as e:
         console.print(f"[red]torch-pjrt bench: {escape(str(e))}[/red]", highlight=False)
         return 2
-    render(report, console)
-    if args.json:
-        write_json(report, args.json)
-        if not to_stdout(args.json):
-            console.print(f"wrote {escape(args.json)}", highlight=False)
-    if args.plot:
-        plot(report, args.plot)
-        console.print(f"wrote {escape(args.plot)}", highlight=False)
-    return 0
+    return bench.show(report, args, console, render, plot)
