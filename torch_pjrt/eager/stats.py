@@ -2,7 +2,8 @@
 
 An eager op's executable is traced once per signature (shapes, dtypes, static arguments);
 each trace is a new executable (an XLA compile, or a load from the persistent cache). When
-one op has been traced for more than TORCH_PJRT_RECOMPILE_WARN signatures (default 16) a
+one op has been traced for more than TORCH_PJRT_RECOMPILE_WARN signatures (default 64: a model
+with many layer shapes legitimately builds dozens) a
 warning names the op and the arguments that keep changing, as Dynamo warns about
 recompiles: each new value of those costs a compile.
 """
@@ -58,7 +59,7 @@ def traced(op, names, values) -> None:
                     _changing[op][name] += 1
         _last[op] = signature
         count = _by_op[str(op)]
-    limit = int(os.environ.get("TORCH_PJRT_RECOMPILE_WARN", "16"))
+    limit = int(os.environ.get("TORCH_PJRT_RECOMPILE_WARN", "64"))
     if count > limit and op not in _warned:
         _warned.add(op)
         varying = ", ".join(f"'{n}'" for n, _ in _changing[op].most_common(3)) or "its arguments"
