@@ -39,6 +39,8 @@ def _signature(op, args, kwargs):
     key = []
     for x in flat:
         if isinstance(x, torch.Tensor):
+            if x.device.type != "pjrt":
+                return None  # a CPU scalar tensor beside pjrt ones: op by op, whose kernels accept it
             key.append(("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad))
         elif isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                             torch.memory_format)):
@@ -106,7 +108,7 @@ class _Program:
     def __call__(self, args, kwargs):
         flat, _ = tree_flatten((args, kwargs))
         tensors = [flat[i] for i in self.tensor_positions]
-        inputs = [storage.read_lazily(t) if t.device.type == "pjrt" else storage.read(t) for t in tensors]
+        inputs = [storage.read_lazily(t) for t in tensors]
         with jax.default_device(platform.device(self.device)):
             arrays, new_values = self.run(*inputs)
         for i, value in zip(self.program.mutated, new_values):
