@@ -15,3 +15,14 @@ def _reset_current_device():
     torch.pjrt.set_device(0)
     yield
     torch.pjrt.set_device(0)
+
+
+@pytest.fixture
+def fresh_compile():
+    """Dynamo's caches and the pjrt backend's counters reset, so a test counts only its own
+    graphs and executables (test modules of torch.compile use it for every test)."""
+    from torch_pjrt.compiler import reset_compile_stats
+
+    torch._dynamo.reset()
+    reset_compile_stats()
+    yield

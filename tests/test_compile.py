@@ -22,11 +22,7 @@ from torch_pjrt.compiler import compile_stats, reset_compile_stats
 ATOL = RTOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compile_stats()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def to_pjrt(module):

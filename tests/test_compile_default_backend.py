@@ -16,16 +16,12 @@ import pytest
 import torch
 
 import torch_pjrt
-from torch_pjrt.compiler import compile_stats, reset_compile_stats
+from torch_pjrt.compiler import compile_stats
 
 TREE = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compile_stats()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def small_model():

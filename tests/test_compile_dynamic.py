@@ -15,17 +15,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_pjrt.compiler  # noqa: F401
-from torch_pjrt.compiler import compile_stats, reset_compile_stats
+from torch_pjrt.compiler import compile_stats
 from torch_pjrt.compiler.dynamic import bucket_of
 
 ATOL = RTOL = 2e-5
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compile_stats()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def close(actual, expected, atol=ATOL, rtol=RTOL):

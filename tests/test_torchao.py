@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_pjrt
-from torch_pjrt.compiler import compile_stats, reset_compile_stats
+from torch_pjrt.compiler import compile_stats
 
 torchao = pytest.importorskip("torchao")
 from torchao.quantization import (  # noqa: E402
@@ -38,11 +38,7 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compile_stats()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def linear_stack():

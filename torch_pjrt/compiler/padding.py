@@ -30,7 +30,8 @@ import sympy
 import torch
 from torch.fx.node import map_aggregate
 
-from ..eager.graph import _OpCall, find_lowering
+from ..eager.graph import find_lowering
+from ..ops.call import OpCall
 
 aten = torch.ops.aten
 
@@ -596,7 +597,7 @@ def mean(run, node, args, kwargs, lay):
 @functools.lru_cache(1)
 def _SUM():
 
-    return _OpCall(aten.sum.dim_IntList, find_lowering(aten.sum.dim_IntList))
+    return OpCall.of(find_lowering(aten.sum.dim_IntList))
 
 
 @rule("var")

@@ -25,7 +25,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..ops.registry import LOWERINGS
+from ..ops.signature import Signature
 from ..runtime import platform, storage
+from .graph import GraphProgram, signature
 
 NOT_TRACED = object()
 MAX_SIGNATURES = 16
@@ -63,8 +65,6 @@ class _Program:
     """One traced signature: the graph, its jitted function, where results go."""
 
     def __init__(self, op, decomposition, args, kwargs):
-        from .graph import GraphProgram
-
         flat, self.in_spec = tree_flatten((args, kwargs))
         self.tensor_positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         statics = [None if isinstance(x, torch.Tensor) else x for x in flat]  # the cache must not keep tensors alive
@@ -94,16 +94,7 @@ class _Program:
             return storage.laid_out(tuple(arrays), self.metas), new_values
 
         self.run = jax.jit(run)
-        # returns that alias an argument (op_ and out= overloads) return that argument
-        schema = op._schema
-        alias_of = {}
-        for i, a in enumerate(schema.arguments):
-            if a.alias_info is not None and a.alias_info.is_write:
-                alias_of[next(iter(a.alias_info.before_set), None)] = i
-        self.returns_argument = [alias_of.get(next(iter(r.alias_info.before_set), None))
-                                 if r.alias_info is not None and r.alias_info.is_write else None
-                                 for r in schema.returns]
-        self.argument_names = [a.name for a in schema.arguments]
+        self.sig = Signature.of(op)  # a return that is a written argument (op_, out=) returns that argument
 
     def __call__(self, args, kwargs):
         flat, _ = tree_flatten((args, kwargs))
@@ -114,32 +105,21 @@ class _Program:
         for i, value in zip(self.program.mutated, new_values):
             storage.write(tensors[i], value)
         arrays = iter(arrays)
-        python = iter(self.program.python_outputs[_input_signature(inputs)])
+        python = iter(self.program.python_outputs[signature(inputs)])
         outs = []
         for node_value in python:
             outs.append(storage.wrap(next(arrays), self.device) if node_value is None else node_value)
         result = tree_unflatten(outs, self.out_spec)
-        if any(i is not None for i in self.returns_argument):
-            values = _bind(self.argument_names, args, kwargs)
+        if any(i is not None for i in self.sig.returned_arguments):
+            values = self.sig.bind(args, kwargs)
             results = list(result) if isinstance(result, (tuple, list)) else [result]
-            results = [values[i] if i is not None else r for i, r in zip(self.returns_argument, results)]
+            results = [values[i] if i is not None else r for i, r in zip(self.sig.returned_arguments, results)]
             result = results[0] if len(results) == 1 else tuple(results)
         return result
 
 
 class _NotTraceable(Exception):
     pass
-
-
-def _input_signature(inputs):
-    from .graph import signature
-
-    return signature(inputs)
-
-
-def _bind(names, args, kwargs) -> list:
-    values = list(args) + [kwargs.get(n) for n in names[len(args):]]
-    return values
 
 
 def run(op, decomposition, args, kwargs):

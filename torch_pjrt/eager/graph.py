@@ -63,11 +63,6 @@ def find_lowering(op: OpOverload) -> Lowering | None:
     return lowering
 
 
-def _OpCall(op: OpOverload, lowering: Lowering) -> OpCall:
-    """How one aten overload is called inside the traced graph: the table's bound call."""
-    return OpCall.of(lowering, op)
-
-
 _copy = copy_lowering  # the functionalization's write-back (copy_) is the table's aten.copy
 
 
@@ -150,7 +145,7 @@ class GraphProgram:
                 if not lowering.jit and not (lowering.jit_for_integer_indices and not _has_mask(node)):
                     raise self.error(node, "its output shape depends on tensor values (a data-dependent op), so it cannot "
                                            "run inside one executable; let Dynamo graph-break on it")
-                return _OpCall(target, lowering)
+                return OpCall.of(lowering, target)
             raise self.error(node, "the pjrt op table has no lowering for it (and torch has no decomposition "
                                    "AOTAutograd applied)")
         if target in HIGHER_ORDER:  # out_dtype(aten.mm, torch.int32, ...) from torchao (ops/quantized.py)

@@ -224,13 +224,11 @@ class MutatingKernel:
         self.op = lowering.op
         sig = self.kernel.sig
         self.written = sig.written
-        aliases = {next(iter(a.alias_info.before_set), None): i  # alias set ("a") -> argument index
-                   for i, a in enumerate(lowering.op._schema.arguments) if i in sig.written}
         fresh = 0
         self.returns = []  # ("arg", index) for a return that is a written argument, ("new", k) otherwise
-        for r in lowering.op._schema.returns:
-            if r.alias_info is not None and r.alias_info.is_write:
-                self.returns.append(("arg", aliases[next(iter(r.alias_info.before_set))]))
+        for argument in sig.returned_arguments:
+            if argument is not None:
+                self.returns.append(("arg", argument))
             else:
                 self.returns.append(("new", fresh))
                 fresh += 1

@@ -34,6 +34,7 @@ class Signature:
     kwarg_only: tuple  # bool per argument
     defaults: tuple  # default per argument (a sentinel where required)
     written: tuple  # indices of arguments the op writes (self for op_, out args for .out)
+    returned_arguments: tuple  # per return: the index of the written argument it is (op_, out=), else None
     required: int  # arguments up to the last one without a default
 
     @staticmethod
@@ -46,6 +47,7 @@ class Signature:
             kwarg_only=tuple(a.kwarg_only for a in args),
             defaults=tuple(_default(a) for a in args),
             written=tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write),
+            returned_arguments=_returned_arguments(op._schema),
             required=max((i + 1 for i, a in enumerate(args) if not a.has_default_value()), default=0),
         )
 
@@ -66,6 +68,14 @@ class Signature:
         pos = [v for v, k in zip(values, self.kwarg_only) if not k]
         kw = {n: v for n, v, k in zip(self.names, values, self.kwarg_only) if k}
         return pos, kw
+
+
+def _returned_arguments(schema) -> tuple:
+    """Per return, the index of the written argument it aliases (alias set "a!"), else None."""
+    written = {next(iter(a.alias_info.before_set), None): i for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write}
+    return tuple(written.get(next(iter(r.alias_info.before_set), None))
+                 if r.alias_info is not None and r.alias_info.is_write else None for r in schema.returns)
 
 
 # Schema defaults of ScalarType arguments arrive as c10::ScalarType enum values.
