@@ -149,13 +149,73 @@ def flash_on_cpu(monkeypatch):
     monkeypatch.setenv("TORCH_PJRT_FLASH_SDPA", "1")
 
 
-def test_sdpa_on_the_cpu_platform_takes_the_math_path_by_default(monkeypatch):
+def test_sdpa_on_the_cpu_platform_is_one_op_without_the_flash_kernel(monkeypatch):
+    """By default the CPU platform runs SDPA as one op written out in XLA (the flash kernel's
+    Pallas would be interpreted there); forward and backward equal torch's math path."""
+    from torch_pjrt.kernels import sdpa
+
     monkeypatch.delenv("TORCH_PJRT_FLASH_SDPA", raising=False)
     q, k, v = _sdpa_inputs()
-    got = F.scaled_dot_product_attention(*(t.to("pjrt").requires_grad_() for t in (q, k, v)), enable_gqa=True)
-    assert "Overrideable" not in type(got.grad_fn).__name__
-    want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(got.detach().cpu(), want, atol=2e-6, rtol=2e-5)
+    assert not sdpa.suits_flash(q, k, v, None, 0.0)
+    pq, pk, pv = (t.to("pjrt").requires_grad_() for t in (q, k, v))
+    got = F.scaled_dot_product_attention(pq, pk, pv, enable_gqa=True)
+    assert type(got.grad_fn).__name__ == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    cq, ck, cv = (t.clone().requires_grad_() for t in (q, k, v))
+    want = F.scaled_dot_product_attention(cq, ck, cv, enable_gqa=True)
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), atol=2e-6, rtol=2e-5)
+    g = randn(*want.shape)
+    got.backward(g.to("pjrt"))
+    want.backward(g)
+    for p, c in ((pq, cq), (pk, ck), (pv, cv)):
+        torch.testing.assert_close(p.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
+
+
+def _bool_mask_with_a_fully_masked_row():
+    mask = torch.rand(20, 24, generator=torch.Generator().manual_seed(3)) > 0.3
+    mask[5] = False  # torch's _safe_softmax: a query that sees no key gets zeros, and zero gradients
+    return mask
+
+
+@pytest.mark.parametrize("case", ["bool_mask", "float_mask_with_grad", "causal_float64", "scale", "three_dims",
+                                  "bfloat16"])
+def test_sdpa_one_op_matches_torch_math(case, monkeypatch):
+    """Masks (bool, float, with its own gradient), causal, float64, scale, 3-D and bfloat16
+    through the one-op attention, forward and backward against CPU torch."""
+    monkeypatch.delenv("TORCH_PJRT_FLASH_SDPA", raising=False)
+    q, k, v = _sdpa_inputs(hk=4)
+    kwargs, tol = {}, dict(atol=2e-6, rtol=2e-5)
+    if case == "bool_mask":
+        kwargs["attn_mask"] = _bool_mask_with_a_fully_masked_row()
+    elif case == "float_mask_with_grad":
+        kwargs["attn_mask"] = randn(2, 1, 20, 24).requires_grad_()
+    elif case == "causal_float64":
+        q, k, v = (t.double() for t in (q, k, v))
+        kwargs["is_causal"] = True
+        tol = dict(atol=1e-12, rtol=1e-12)
+    elif case == "scale":
+        kwargs["scale"] = 0.3
+    elif case == "three_dims":
+        q, k, v = q[0], k[0], v[0]
+    else:
+        q, k, v = (t.bfloat16() for t in (q, k, v))
+        tol = dict(atol=1e-2, rtol=1.6e-2)
+    cpu = [t.clone().requires_grad_() for t in (q, k, v)]
+    dev = [t.detach().to("pjrt").requires_grad_() for t in (q, k, v)]
+    mask = kwargs.get("attn_mask")
+    dev_kwargs = dict(kwargs)
+    if mask is not None:
+        dev_kwargs["attn_mask"] = mask.detach().to("pjrt").requires_grad_(mask.requires_grad)
+    got = F.scaled_dot_product_attention(*dev, **dev_kwargs)
+    assert type(got.grad_fn).__name__ == "ScaledDotProductFusedAttentionOverrideableBackward0"
+    want = F.scaled_dot_product_attention(*cpu, **kwargs)
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), **tol)
+    g = randn(*want.shape, dtype=want.dtype)
+    got.backward(g.to("pjrt"))
+    want.backward(g)
+    for p, c in zip(dev, cpu):
+        torch.testing.assert_close(p.grad.cpu(), c.grad, **{k_: 10 * v_ for k_, v_ in tol.items()})
+    if mask is not None and mask.requires_grad:
+        torch.testing.assert_close(dev_kwargs["attn_mask"].grad.cpu(), mask.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -174,19 +234,24 @@ def test_sdpa_on_pjrt_uses_flash_attention(causal, flash_on_cpu):
         torch.testing.assert_close(p.grad.cpu(), c.grad, atol=1e-5, rtol=1e-5)
 
 
-def test_sdpa_with_mask_float64_or_math_backend_takes_the_math_path(flash_on_cpu):
+def test_sdpa_with_dropout_a_causal_mask_or_the_math_backend_takes_the_math_path():
     q, k, v = _sdpa_inputs(hk=4)
-    mask = torch.rand(20, 24) > 0.3
-    for kwargs, inputs in (({"attn_mask": mask.to("pjrt")}, (q, k, v)),
-                           ({}, tuple(t.double() for t in (q, k, v)))):
-        p = tuple(t.to("pjrt").requires_grad_() for t in inputs)
-        got = F.scaled_dot_product_attention(*p, **kwargs)
-        assert "Overrideable" not in type(got.grad_fn).__name__
-        want = F.scaled_dot_product_attention(*inputs, **{k_: v_.cpu() for k_, v_ in kwargs.items()})
-        torch.testing.assert_close(got.detach().cpu(), want, atol=2e-6, rtol=2e-5)
-    with sdpa_kernel(SDPBackend.MATH):  # the user's choice of backend is honoured, as on CUDA
-        got = F.scaled_dot_product_attention(*(t.to("pjrt").requires_grad_() for t in (q, k, v)))
+    p = tuple(t.to("pjrt").requires_grad_() for t in (q, k, v))
+    got = F.scaled_dot_product_attention(*p, dropout_p=0.5)  # random draws: torch's decomposition
     assert "Overrideable" not in type(got.grad_fn).__name__
+    with sdpa_kernel(SDPBackend.MATH):  # the user's choice of backend is honoured, as on CUDA
+        got = F.scaled_dot_product_attention(*p)
+    assert "Overrideable" not in type(got.grad_fn).__name__
+    torch.testing.assert_close(got.detach().cpu(), F.scaled_dot_product_attention(q, k, v), atol=2e-6, rtol=2e-5)
+
+
+def test_sdpa_with_a_mask_and_is_causal_applies_both_as_cpu_torch_does():
+    q, k, v = _sdpa_inputs(hk=4)
+    mask = _bool_mask_with_a_fully_masked_row()
+    got = F.scaled_dot_product_attention(q.to("pjrt"), k.to("pjrt"), v.to("pjrt"), attn_mask=mask.to("pjrt"),
+                                         is_causal=True)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    torch.testing.assert_close(got.cpu(), want, atol=2e-6, rtol=2e-5)
 
 
 def test_sdpa_mismatched_heads_without_gqa_raises_torchs_error():

@@ -25,6 +25,7 @@ from . import errors, stats
 from ..runtime.build import load as _load_runtime
 from ..dtypes import TORCH_TO_JAX, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
+from ..ops.growth import Growth, PaddedOperand
 from ..ops.registry import LOWERINGS, Lowering
 from ..ops.signature import TENSOR_LIST, Signature
 
@@ -65,7 +66,7 @@ def _operand(op, arg: str, t: torch.Tensor, device: int | None):
 
 
 def _wrap(result, device: int):
-    if isinstance(result, (jax.Array, storage.Permuted)):
+    if isinstance(result, (jax.Array, storage.Permuted, storage.Padded)):
         return storage.wrap(result, device)
     if isinstance(result, (tuple, list)):
         return type(result)(_wrap(r, device) for r in result)
@@ -85,11 +86,12 @@ class Kernel:
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
 
-    def compute(self, args: tuple, kwargs: dict):
-        """(raw JAX result, device index) for a dispatcher call."""
+    def compute(self, args: tuple, kwargs: dict, grow: bool = False):
+        """(raw JAX result, device index) for a dispatcher call. grow: the result may be a
+        storage.Padded (a functional call of an op whose entry grows: ops/growth.py)."""
         queue = bounds.mark() if self.index_probes is not None else None
         try:
-            return self._compute(args, kwargs)
+            return self._compute(args, kwargs, grow)
         except Exception as e:  # noqa: BLE001  (only the failure path pays: see errors.py)
             if queue is not None:
                 bounds.forget_since(queue)  # this call's own index checks go with its error
@@ -100,7 +102,7 @@ class Kernel:
                 raise
             raise error from error.__cause__
 
-    def _compute(self, args: tuple, kwargs: dict):
+    def _compute(self, args: tuple, kwargs: dict, grow: bool = False):
         call = self.call
         values = call.bind(args, kwargs)
         device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
@@ -132,18 +134,91 @@ class Kernel:
         if call.random:
             generator = values[call.generator] if call.generator is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))
+        growth = self.lowering.grows(values) if self.lowering.grows is not None else None
+        if growth is not None and not _run_padded(self.op, growth, values, grow):
+            growth = None
         call.prepare(values, seed)
         if device != 0 and not (call.tensors or call.tensor_lists):
             with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
                 return self.run(*values), device
-        return self.run(*values), device
+        result = self.run(*values)
+        if growth is not None and growth.length is not None:
+            result = storage.Padded(result.array, result.axis, growth.length)
+        return result, device
 
     def __call__(self, *args, **kwargs):
-        result, device = self.compute(args, kwargs)
+        result, device = self.compute(args, kwargs, grow=True)
         if type(result) is _ARRAY:  # the common case, without isinstance's ABC machinery
             return storage.wrap(result, device)
         return _wrap(result, device)
 
+
+
+# ------------------------------------------------------------------ growing storages
+_LENGTHS_SEEN: dict = {}  # (op, the base's other sizes, the pieces' shapes, dtype) -> output lengths seen (up to 2)
+
+
+def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
+    """Give the growing operands to the lowering as PaddedOperands (in `values`); False when
+    this call runs at exact sizes. An output grows from exact operands once a second length
+    shows up for the same other sizes (as Dynamo marks a dim dynamic when it changes)."""
+    current = [_at(values, place) for place in growth.operands]
+    if growth.length is None:  # padded operands in, an exact result out (attention over a cache)
+        if not all(isinstance(v, storage.Padded) and v.axis == growth.axis for v in current) or \
+                len({(v.length, v.capacity) for v in current}) != 1:
+            return False
+    else:
+        if not grow or len(current) != 1:
+            return False
+        (base,) = current
+        capacity = storage.capacity_for(growth.length)
+        if isinstance(base, storage.Padded) and base.axis == growth.axis:
+            base = base.grown(capacity)
+        elif isinstance(base, jax.Array) and _changed_length(op, growth, values, base):
+            base = storage.Padded.of(base, growth.axis, capacity)
+        else:
+            return False
+        current = [base]
+    for place, v in zip(growth.operands, current):
+        _put(values, place, PaddedOperand(v.array, v.axis, storage.offset_operand(v.length)))
+    return True
+
+
+def _changed_length(op, growth: Growth, values: list, base) -> bool:
+    others = list(base.shape)
+    others[growth.axis] = None
+    pieces = tuple(tuple(v.shape) for v in _flat(values) if v is not base and hasattr(v, "shape"))
+    key = (op, tuple(others), pieces, str(base.dtype))
+    seen = _LENGTHS_SEEN.get(key)
+    if seen is None:
+        if len(_LENGTHS_SEEN) > 4096:
+            _LENGTHS_SEEN.clear()
+        seen = _LENGTHS_SEEN[key] = set()
+    if len(seen) < 2:
+        seen.add(growth.length)
+    return len(seen) > 1
+
+
+def _flat(values):
+    for v in values:
+        if isinstance(v, list):
+            yield from v
+        elif v is not None:
+            yield v
+
+
+def _at(values, place):
+    arg, item = place
+    return values[arg] if item is None else values[arg][item]
+
+
+def _put(values, place, value):
+    arg, item = place
+    if item is None:
+        values[arg] = value
+    else:
+        values[arg] = list(values[arg])
+        values[arg][item] = value
 
 
 def _traced_call(call: OpCall, *values):
@@ -370,7 +445,7 @@ def register(special: dict) -> None:
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
-    _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.StridedView,
+    _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.view_of,
                           TORCH_TO_JAX)
     for op, kernel in kernels.items():
         _install(op, kernel)

@@ -1,27 +1,38 @@
-"""scaled_dot_product_attention on pjrt: flash attention where shapes suit it, math otherwise.
+"""scaled_dot_product_attention on pjrt: one op, one executable, flash attention where it pays.
 
 torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; the runtime's C++ stub
 (runtime/csrc/fast_path.cpp, `sdp_choice`) asks `choose` below. Choosing
 "overrideable" routes the call to `aten._scaled_dot_product_fused_attention_overrideable`
-(and autograd to its `_backward`), whose lowerings here run the flash-attention kernel; so
-eager calls and compiled graphs both use it, the latter inlined in the graph's executable.
-Anything else (a mask, dropout, odd head sizes, float64, symbolic sizes under dynamic=True)
-takes torch's math path, which decomposes into table ops as before.
+(and autograd to its `_backward`), whose lowerings here run either the flash-attention
+kernel or attention written out in XLA (`_attention`: masks, causal, GQA, float64); eager
+calls and compiled graphs both use them. Only dropout (random draws: torch's own), symbolic
+sizes under dynamic=True (the math path's ops are the ones compiler/padding.py can pad),
+inputs torch's math path refuses (its errors) and `sdpa_kernel(SDPBackend.MATH)` take
+torch's math path, which decomposes into table ops. A mask together with is_causal applies
+both, as CPU torch does.
 
-TORCH_PJRT_FLASH_SDPA chooses where the kernel serves SDPA: `auto` (the default) where Pallas
+One op instead of the math path's five to eight makes eager attention one executable per
+shape, and lets it read a KV cache that grows token by token (ops/growth.py): keys and
+values padded to a capacity, masked past their length.
+
+TORCH_PJRT_FLASH_SDPA chooses where the flash kernel serves: `auto` (the default) where Pallas
 runs natively (GPUs, TPUs); on the CPU platform Pallas is interpreted, and an eager Llama
 prefill of 8x512 took 15.7 s with the kernel against 4.0 s with the math path (torch CPU:
-4.7 s), so the CPU takes the math path. `1` uses it on every platform where shapes suit it
-(the CPU tests of the kernel), `0` nowhere.
+4.7 s). `1` uses it on every platform where shapes suit it (the CPU tests of the kernel),
+`0` nowhere.
 """
 from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 import torch
 
+from ..dtypes import to_torch
 from ..runtime import build as _runtime
+from ..ops.growth import Growth, PaddedOperand
+from ..ops.nn import matmul_precision
 from ..ops.registry import lowering
 from . import platforms
 
@@ -36,15 +47,17 @@ MAX_HEAD_DIM = 256
 
 def suits_flash(query, key, value, attn_mask, dropout_p: float) -> bool:
     """Where the flash kernel gives SDPA's result: 4-D, no mask, no dropout, GQA-compatible heads,
-    head sizes a multiple of 8 up to 256, half or single precision."""
+    head sizes a multiple of 8 up to 256, half or single precision, on a platform where it pays.
+    Takes torch tensors or the lowering's values (a padded key: the XLA attention masks it)."""
     setting = os.environ.get("TORCH_PJRT_FLASH_SDPA", "auto").lower()
     if setting in ("0", "false", "off") or (setting == "auto" and platforms.interpret()):
         return False
-    if attn_mask is not None or dropout_p != 0.0:
+    if attn_mask is not None or dropout_p != 0.0 or isinstance(key, PaddedOperand):
         return False
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+    if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
         return False
-    if query.dtype not in FLASH_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+    dtypes = [_torch_dtype(t.dtype) for t in (query, key, value)]
+    if dtypes[0] not in FLASH_DTYPES or dtypes[1] != dtypes[0] or dtypes[2] != dtypes[0]:
         return False
     hq, hk, hv = query.shape[1], key.shape[1], value.shape[1]
     if hk != hv or hq % hk:
@@ -59,16 +72,25 @@ def _overrideable_enabled() -> bool:
     return True if flag is None else bool(flag())
 
 
+def _torch_dtype(dtype):
+    return dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+
+
 def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
     """The backend for one SDPA call; `torch.nn.attention.sdpa_kernel` limits the choice as on CUDA
-    (SDPBackend.OVERRIDEABLE is the flash kernel, SDPBackend.MATH the decomposition)."""
+    (SDPBackend.OVERRIDEABLE is this module's op, SDPBackend.MATH the decomposition)."""
     if any(not isinstance(n, int) for n in (*query.shape, *key.shape, *value.shape)):
         # symbolic sizes (torch.compile dynamic=True): the math path's ops are the ones the
         # compiler's shape bucketing (compiler/padding.py) knows how to pad
         return MATH if torch._C._get_math_sdp_enabled() else ERROR
-    heads_ok = query.dim() < 3 or key.dim() < 3 or query.shape[-3] == key.shape[-3] or enable_gqa
-    if (heads_ok and _overrideable_enabled()
-            and suits_flash(query, key, value, attn_mask, dropout_p)):
+    heads_ok = query.dim() < 3 or key.dim() < 3 or query.shape[-3] == key.shape[-3] or (
+        enable_gqa and query.dim() == key.dim() == value.dim() and key.shape[-3] == value.shape[-3]
+        and key.shape[-3] > 0 and query.shape[-3] % key.shape[-3] == 0)
+    shapes_ok = query.dim() >= 2 and key.dim() == query.dim() and value.dim() == query.dim() and \
+        query.shape[-1] == key.shape[-1] and key.shape[-2] == value.shape[-2] and query.shape[:-3] == key.shape[:-3] \
+        and query.dtype == key.dtype == value.dtype and query.is_floating_point() and \
+        (attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype))
+    if heads_ok and shapes_ok and dropout_p == 0.0 and _overrideable_enabled():
         return OVERRIDEABLE
     # mismatched heads without enable_gqa: the math path raises torch's own error
     return MATH if torch._C._get_math_sdp_enabled() else ERROR
@@ -81,17 +103,69 @@ def _flash():
     return flash_attention_kernel
 
 
-@lowering(aten._scaled_dot_product_fused_attention_overrideable.default,
+def _grows(values) -> Growth | None:
+    """Keys and values that grow token by token (a KV cache) arrive padded; the output is exact."""
+    query, key = values[0], values[1]
+    if len(key.shape) < 2 or len(query.shape) != len(key.shape):
+        return None
+    return Growth(operands=((1, None), (2, None)), axis=len(key.shape) - 2, length=None)
+
+
+def _attention(query, key, value, attn_bias, is_causal, scale):
+    """(output, logsumexp) of softmax(q k^T * scale + bias) v, in float32 or wider; a query
+    whose every key is masked gets zeros (torch's _safe_softmax). Keys past a padded key's
+    length are masked; GQA repeats key/value heads as torch's enable_gqa does."""
+    valid = key.valid() if isinstance(key, PaddedOperand) else None
+    key = key.array if isinstance(key, PaddedOperand) else key
+    value = value.array if isinstance(value, PaddedOperand) else value
+    if query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key, value = jnp.repeat(key, repeat, axis=-3), jnp.repeat(value, repeat, axis=-3)
+    wide = jnp.promote_types(query.dtype, jnp.float32)
+    scale = 1.0 / jnp.sqrt(jnp.asarray(query.shape[-1], wide)) if scale is None else jnp.asarray(scale, wide)
+    precision = matmul_precision()
+    scores = jnp.matmul(query.astype(wide), jnp.swapaxes(key.astype(wide), -1, -2), precision=precision) * scale
+    allowed = None
+    if valid is not None:
+        allowed = valid
+    if is_causal:
+        causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+        allowed = causal if allowed is None else causal & allowed
+    if attn_bias is not None:
+        if attn_bias.dtype == jnp.bool_:
+            allowed = attn_bias if allowed is None else attn_bias & allowed
+        else:
+            scores = scores + attn_bias.astype(wide)
+    if allowed is not None:
+        scores = jnp.where(allowed, scores, -jnp.inf)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    top = jax.lax.stop_gradient(jnp.where(jnp.isneginf(top), 0, top))  # a fully masked row: every term 0
+    terms = jnp.exp(scores - top)
+    total = terms.sum(axis=-1, keepdims=True)
+    weights = terms / jnp.where(total == 0, 1, total)
+    lse = (jnp.log(total) + top)[..., 0]
+    out = jnp.matmul(weights, value.astype(wide), precision=precision)
+    return out.astype(query.dtype), lse
+
+
+def _length(key):
+    return key.length if isinstance(key, PaddedOperand) else key.shape[-2]
+
+
+@lowering(aten._scaled_dot_product_fused_attention_overrideable.default, grows=_grows,
           not_paddable="no padding rule yet: attention over padded keys would need their mask")
 def _scaled_dot_product_fused_attention_overrideable(query, key, value, attn_bias=None, dropout_p=0.0,
                                                      is_causal=False, return_debug_mask=False, *, scale=None):
-    if attn_bias is not None or dropout_p != 0.0:
-        raise NotImplementedError("pjrt flash attention: attn_bias and dropout take SDPA's math path "
-                                  "(_fused_sdp_choice does not pick this op for them)")
-    out, lse = _flash()._run(platforms.target(), (query, key, value, is_causal, scale), {})
+    if dropout_p != 0.0:
+        raise NotImplementedError("pjrt SDPA: dropout takes SDPA's math path (_fused_sdp_choice does not pick "
+                                  "this op for it)")
+    if suits_flash(query, key, value, attn_bias, dropout_p):
+        out, lse = _flash()._run(platforms.target(), (query, key, value, is_causal, scale), {})
+    else:
+        out, lse = _attention(query, key, value, attn_bias, is_causal, scale)
     seed = jnp.zeros((), jnp.int64)
     # (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug_attn_mask)
-    return out, lse.astype(jnp.float32), None, None, query.shape[-2], key.shape[-2], seed, seed, None
+    return out, lse.astype(jnp.float32), None, None, query.shape[-2], _length(key), seed, seed, None
 
 
 @lowering(aten._scaled_dot_product_fused_attention_overrideable_backward.default,
@@ -99,10 +173,20 @@ def _scaled_dot_product_fused_attention_overrideable(query, key, value, attn_bia
 def _scaled_dot_product_fused_attention_overrideable_backward(
         grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
         dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-    kernel = _flash()
-    lse = logsumexp.astype(jnp.promote_types(query.dtype, jnp.float32))
-    dq, dk, dv = kernel._backward(platforms.target(), [query, key, value, is_causal, scale], {},
-                                  (out, lse), (grad_out, jnp.zeros_like(lse)))
+    if suits_flash(query, key, value, attn_bias, dropout_p):
+        kernel = _flash()
+        lse = logsumexp.astype(jnp.promote_types(query.dtype, jnp.float32))
+        dq, dk, dv = kernel._backward(platforms.target(), [query, key, value, is_causal, scale], {},
+                                      (out, lse), (grad_out, jnp.zeros_like(lse)))
+        return dq, dk, dv, None
+    wants_bias = attn_bias is not None and attn_bias.dtype != jnp.bool_ and bool(grad_input_mask[3])
+    if wants_bias:
+        _, pullback = jax.vjp(lambda q, k, v, b: _attention(q, k, v, b, is_causal, scale)[0], query, key, value,
+                              attn_bias)
+        dq, dk, dv, db = pullback(grad_out.astype(query.dtype))
+        return dq, dk, dv, db
+    _, pullback = jax.vjp(lambda q, k, v: _attention(q, k, v, attn_bias, is_causal, scale)[0], query, key, value)
+    dq, dk, dv = pullback(grad_out.astype(query.dtype))
     return dq, dk, dv, None
 
 

@@ -48,7 +48,8 @@ def _up(x):
     return x.astype(_acc(x.dtype))
 
 
-def _precision():
+def matmul_precision():
+    """float32 matmul precision from torch.get_float32_matmul_precision() (read at trace time)."""
     return {
         "highest": lax.Precision.HIGHEST,
         "high": lax.Precision.HIGH,
@@ -63,7 +64,7 @@ def _preferred(dtype):
 
 def _dot_general(a, b, contract, batch=((), ())):
     """lax.dot_general accumulating in float32 for half dtypes; result in the accumulation dtype."""
-    return lax.dot_general(a, b, (contract, batch), precision=_precision(), preferred_element_type=_preferred(a.dtype))
+    return lax.dot_general(a, b, (contract, batch), precision=matmul_precision(), preferred_element_type=_preferred(a.dtype))
 
 
 def _reduce(loss, reduction: int):
@@ -514,7 +515,7 @@ def _conv(input, weight, stride, padding, dilation, transposed, output_padding, 
     nd = input.ndim - 2
     sp = _SPATIAL[nd]
     dn = lax.conv_dimension_numbers(input.shape, weight.shape, ("NC" + sp, "OI" + sp, "NC" + sp))
-    common = dict(dimension_numbers=dn, feature_group_count=groups, precision=_precision(),
+    common = dict(dimension_numbers=dn, feature_group_count=groups, precision=matmul_precision(),
                   preferred_element_type=_preferred(input.dtype))
     if not transposed:
         return lax.conv_general_dilated(

@@ -20,7 +20,8 @@ outputs.
 
 An entry is the whole description of its op: besides the function it carries the traits
 its consumers read (how padded execution treats it, which index tensors eager checks,
-whether eager derives its kernel from it). The consumers (eager kernels, the torch.compile
+whether eager derives its kernel from it, how it runs over storages that grow along one
+axis: ops/growth.py). The consumers (eager kernels, the torch.compile
 interpreter and its padding, custom kernels) keep no per-op tables of their own, and the
 table knows nothing of them.
 """
@@ -73,6 +74,7 @@ class Lowering:
     host_indices: bool  # its index tensors may live on the CPU, as with CUDA (x_cuda[cpu_index])
     eager: str  # "": eager derives its kernels from it; else which kernel serves eager instead, and why
     jit_for_integer_indices: bool = False  # jit=False only for boolean masks: with integer indices it traces
+    grows: Callable[[list], object] | None = None  # eager over growing storages: values -> growth.Growth or None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -81,7 +83,7 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
              traced: Iterable[str] = (), padding: Padding | None = None, not_paddable: str = "",
              index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
-             jit_for_integer_indices: bool = False) -> Callable:
+             jit_for_integer_indices: bool = False, grows: Callable | None = None) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -100,7 +102,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                 pad = POINTWISE
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
-                                     jit_for_integer_indices)
+                                     jit_for_integer_indices, grows)
         return fn
 
     return register

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from ..dtypes import to_jax
 from . import core
+from .growth import Growth, PaddedOperand
 from .promotion import default_float, promote
 from .registry import family, FACTORY, Padding, SAME
 from .views import wrap_dim
@@ -68,8 +69,30 @@ def _is_legacy_empty(t):
     return t.ndim == 1 and t.shape[0] == 0
 
 
-@lowering(aten.cat.default, padding=Padding("cat"))
+def _cat_grows(tensors, dim=0) -> Growth | None:
+    """An append (a KV cache token by token): the first tensor grows along `dim`."""
+    ndim = len(tensors[0].shape) if tensors else 0
+    if len(tensors) < 2 or ndim == 0 or any(len(t.shape) != ndim for t in tensors):
+        return None
+    axis = wrap_dim(dim, ndim)
+    return Growth(operands=((0, 0),), axis=axis, length=sum(t.shape[axis] for t in tensors))
+
+
+def _cat_growing(tensors, dim):
+    """cat onto a padded first tensor: the rest written at its length, inside its capacity."""
+    base, rest = tensors[0], tensors[1:]
+    _, dtype = promote(base.array, *rest)
+    piece = jnp.concatenate([t.astype(dtype) for t in rest], axis=base.axis)
+    start = [jnp.zeros((), INT64)] * base.ndim
+    start[base.axis] = base.length
+    out = jax.lax.dynamic_update_slice(base.array.astype(dtype), piece, start)
+    return PaddedOperand(out, base.axis, base.length + piece.shape[base.axis])
+
+
+@lowering(aten.cat.default, padding=Padding("cat"), grows=lambda values: _cat_grows(*values))
 def cat(tensors, dim=0):
+    if isinstance(tensors[0], PaddedOperand):
+        return _cat_growing(tensors, dim)
     _, dtype = promote(*tensors)
     kept = [t for t in tensors if not _is_legacy_empty(t)]  # torch skips 1-D empties of any shape
     if not kept:

@@ -10,6 +10,10 @@ shape is whatever produced it; its dtype may differ from a tensor's after view(d
 * `write(t, value)` is a functional update that swaps the storage's buffer, so every
   view of the storage sees it. The old buffer is donated when the storage is its only
   owner, which keeps in-place updates O(written bytes) where XLA allows.
+* A storage that grows along one axis (a KV cache `cat` token by token) may hold a `Padded`
+  buffer: its physical array is longer than the tensor along that axis, so the ops that know
+  how (their entry's `grows` trait) run one executable per capacity, not per length. Every
+  other reader sees the exact value (`Padded.resolve`, inside its own executable).
 """
 from __future__ import annotations
 
@@ -40,6 +44,9 @@ _recent: collections.deque = collections.deque(maxlen=32)
 def wrap(array, device: int) -> torch.Tensor:
     """A new pjrt tensor on `device` that owns `array`: contiguous, or for a Permuted result
     the permutation of its physical array that has torch's strides."""
+    if isinstance(array, Padded):
+        _recent.append(array.array)
+        return _rt.wrap(array, list(array.shape), to_torch(array.dtype), device)
     if isinstance(array, Permuted):
         physical = array.array
         _recent.append(physical)
@@ -74,6 +81,80 @@ class Permuted:
 
 
 _transpose = jax.jit(jnp.transpose, static_argnums=1)
+
+
+# ---------------------------------------------------------------------------------
+# storages that grow along one axis
+# ---------------------------------------------------------------------------------
+MIN_CAPACITY = 16
+
+
+def capacity_for(length: int) -> int:
+    """The padded extent a growing axis of `length` gets: the next power of two (from 16), so
+    a cache growing token by token touches log2(length) capacities."""
+    return max(MIN_CAPACITY, 1 << max(length - 1, 0).bit_length())
+
+
+@jax.tree_util.register_pytree_node_class
+class Padded:
+    """A storage buffer longer than its tensor along `axis`: elements at and past `length`
+    there are junk. `length` is static (the host knows it); an executable that reads the
+    value resolves it to the exact array. The ops whose entries say they grow receive it as
+    a `PaddedOperand` instead, with the length traced."""
+
+    __slots__ = ("array", "axis", "length")
+
+    def __init__(self, array, axis: int, length: int):
+        self.array, self.axis, self.length = array, axis, length
+
+    @property
+    def shape(self) -> tuple:
+        shape = list(self.array.shape)
+        shape[self.axis] = self.length
+        return tuple(shape)
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    @property
+    def capacity(self) -> int:
+        return self.array.shape[self.axis]
+
+    def resolve(self) -> jax.Array:
+        return jax.lax.slice_in_dim(self.array, 0, self.length, axis=self.axis)
+
+    def to_host(self) -> np.ndarray:
+        """The exact value on the host: a slice of the transferred array (no executable)."""
+        index = [slice(None)] * self.array.ndim
+        index[self.axis] = slice(0, self.length)
+        return np.asarray(self.array)[tuple(index)]
+
+    def tree_flatten(self):
+        return (self.array,), (self.axis, self.length)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    @classmethod
+    def of(cls, value: jax.Array, axis: int, capacity: int) -> "Padded":
+        """`value` (exact) padded to `capacity` along `axis`: one executable per shape."""
+        return cls(_pad_to(tuple(value.shape), value.dtype, axis, capacity)(value), axis, value.shape[axis])
+
+    def grown(self, capacity: int) -> "Padded":
+        """The same value with room for `capacity` along its axis."""
+        if capacity <= self.capacity:
+            return self
+        return Padded(_pad_to(tuple(self.array.shape), self.dtype, self.axis, capacity)(self.array), self.axis,
+                      self.length)
+
+
+@functools.lru_cache(1024)
+def _pad_to(shape: tuple, dtype, axis: int, capacity: int):
+    widths = [(0, 0)] * len(shape)
+    widths[axis] = (0, capacity - shape[axis])
+    return jax.jit(lambda x: jnp.pad(x, widths))
 
 
 def inverse_permutation(perm: tuple) -> tuple:
@@ -161,9 +242,59 @@ def read_lazily(t: torch.Tensor):
     buf = _rt.whole_buffer(t)
     if buf is not None:
         return buf
-    buf = _materialized_buffer(t)
-    return StridedView(buf, Geometry(tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype),
-                                     t.is_conj(), t.is_neg()))
+    buf = _rt.buffer(t)
+    if not (isinstance(buf, Padded) and np.prod(buf.shape) * buf.dtype.itemsize >= _rt.storage_nbytes(t)):
+        buf = _materialized_buffer(t)
+    return view_of(buf, (tuple(t.shape), tuple(t.stride()), t.storage_offset(), to_jax(t.dtype), t.is_conj(),
+                         t.is_neg()))
+
+
+def view_of(buffer, geometry: tuple) -> "StridedView":
+    """The StridedView of `geometry` over a storage's buffer (the C++ fast path calls it too). Over
+    a Padded buffer the geometry is carried over to the padded array where it can be, so a view
+    of a growing tensor (its last token) costs one executable per capacity, not per length."""
+    if type(buffer) is Padded:
+        padded = _padded_geometry(buffer, geometry)
+        if padded is not None:
+            return StridedView(buffer.array, padded)
+    return StridedView(buffer, geometry)
+
+
+def _padded_geometry(padded: Padded, geometry: tuple) -> tuple | None:
+    """`geometry` (over the exact row-major value) as a geometry over the padded array, or None
+    when a view dim does not step along one coordinate of the value without carrying over."""
+    size, stride, offset, dtype = geometry[:4]
+    if np.dtype(dtype) != np.dtype(padded.dtype):
+        return None
+    exact, physical = padded.shape, padded.array.shape
+    exact_strides, physical_strides = _row_major(exact), _row_major(physical)
+    coords, rest = [], offset
+    for e in exact_strides:
+        c, rest = divmod(rest, e) if e else (0, rest)
+        coords.append(c)
+    reach = list(coords)  # the largest coordinate the view reaches, per dim of the value
+    new_stride = []
+    for n, s in zip(size, stride):
+        if n == 1 or s == 0:
+            new_stride.append(0)
+            continue
+        k = next((k for k, e in enumerate(exact_strides) if exact[k] > 1 and s % e == 0), None)
+        if k is None:
+            return None
+        step = s // exact_strides[k]
+        reach[k] += step * (n - 1)
+        new_stride.append(step * physical_strides[k])
+    if any(r >= n for r, n in zip(reach, exact) if n):
+        return None
+    return (tuple(size), tuple(new_stride), sum(c * p for c, p in zip(coords, physical_strides)), *geometry[3:])
+
+
+def _row_major(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 class Geometry(NamedTuple):
@@ -240,6 +371,9 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
     """The storage's buffer, created (zeros: fresh memory) or grown (after resize_) as needed."""
     buf = _rt.buffer(t)
     nbytes = _rt.storage_nbytes(t)
+    if isinstance(buf, Padded):  # a write or a resize: the storage takes its exact value
+        buf = _resolve_padded(buf)
+        _rt.set_buffer(t, buf, buf.shape, to_torch(buf.dtype))
     if buf is None:
         dtype = to_jax(t.dtype)
         buf = jnp.full((nbytes // dtype.itemsize,), _uninitialized(dtype), dtype, device=platform.device(t.get_device()))
@@ -249,6 +383,11 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
         _rt.set_buffer(t, grown, grown.shape, to_torch(grown.dtype))
         buf = grown
     return buf
+
+
+@jax.jit
+def _resolve_padded(padded):
+    return padded.resolve()
 
 
 @functools.lru_cache(256)
@@ -310,6 +449,8 @@ def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
 
 def _strided(buf, size, stride, offset, dtype):
     """The view's elements; `offset` may be traced (the geometry's other parts are static)."""
+    if isinstance(buf, Padded):
+        buf = buf.resolve()
     flat = _flat_as(buf, dtype)
     if 0 in size:  # no elements (its storage may be empty too)
         return jnp.zeros(size, flat.dtype)
@@ -447,4 +588,7 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
 def download(t: torch.Tensor) -> torch.Tensor:
     """A pjrt tensor's value as a new host tensor (a host sync: queued index checks raise)."""
     bounds.raise_pending()
+    padded = _rt.whole_buffer(t)
+    if isinstance(padded, Padded):
+        return from_numpy(padded.to_host())
     return from_numpy(np.asarray(read(t)))

@@ -42,7 +42,7 @@ struct EagerHelpers {
   PyObject* read_lazily = nullptr;   // storage.read_lazily: a view's operand
   PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
   PyObject* array_type = nullptr;    // jax's concrete array class
-  PyObject* strided_view = nullptr;  // storage.StridedView
+  PyObject* strided_view = nullptr;  // storage.view_of (a StridedView)
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;

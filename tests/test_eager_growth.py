@@ -1,0 +1,176 @@
+"""Tensors that grow along one axis (a KV cache, token by token) compile once per capacity.
+
+Eager pads a storage that `cat` keeps appending to (runtime/storage.py `Padded`); cat and
+SDPA run over the padded array with the length traced (ops/growth.py), views of it read the
+padded array directly, and every other op reads the exact value. These tests count
+executables (torch_pjrt.eager_stats) and compare every value with CPU torch.
+"""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+from torch_pjrt.runtime import storage
+
+
+def _executables(op: str) -> int:
+    return torch_pjrt.eager_stats()["by_op"].get(op, 0)
+
+
+def _grow(steps: int, shape=(2, 3, 5, 4), dim=-2, seed=0):
+    """(pjrt, cpu) after `steps` appends of one slice along `dim`."""
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(shape, generator=g)
+    dev = ref.to("pjrt")
+    piece_shape = list(shape)
+    piece_shape[dim] = 1
+    for _ in range(steps):
+        piece = torch.randn(piece_shape, generator=g)
+        ref = torch.cat([ref, piece], dim=dim)
+        dev = torch.cat([dev, piece.to("pjrt")], dim=dim)
+    return dev, ref
+
+
+def test_a_growing_cat_compiles_once_per_capacity_and_equals_cpu():
+    torch_pjrt.reset_eager_stats()
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randn(2, 3, 5, 4, generator=g)
+    dev = ref.to("pjrt")
+    for step in range(100):
+        piece = torch.randn(2, 3, 1, 4, generator=g)
+        ref = torch.cat([ref, piece], dim=-2)
+        dev = torch.cat([dev, piece.to("pjrt")], dim=-2)
+        assert dev.shape == ref.shape and dev.is_contiguous() and dev.stride() == ref.stride()
+        if step % 9 == 0:
+            assert torch.equal(dev.cpu(), ref)  # a host read of a padded storage: no executable
+    assert torch.equal(dev.cpu(), ref)
+    assert isinstance(storage.whole_buffer(dev), storage.Padded)
+    # exact for the first two lengths, then one per capacity (16, 32, 64, 128)
+    assert _executables("aten.cat.default") <= 7, torch_pjrt.eager_stats()["by_op"]
+
+
+def test_views_of_a_growing_tensor_read_the_padded_array():
+    dev, ref = _grow(6)
+    torch_pjrt.reset_eager_stats()
+    for _ in range(30):
+        piece = torch.randn(2, 3, 1, 4)
+        ref, dev = torch.cat([ref, piece], -2), torch.cat([dev, piece.to("pjrt")], -2)
+        for view in (lambda t: t[:, :, -1:], lambda t: t[:, 1, -1], lambda t: t[:, :, -2].transpose(0, 1),
+                     lambda t: t[:, :, 2:5:2]):
+            assert torch.equal((view(dev) * 2).cpu(), view(ref) * 2)
+    # lengths 12..41: capacities 16, 32 and 64, one executable per view kind and capacity
+    assert _executables("aten.mul.Tensor") <= 4 * 3, torch_pjrt.eager_stats()["by_op"]
+
+
+def test_other_ops_read_the_exact_value():
+    dev, ref = _grow(7)
+    assert isinstance(storage.whole_buffer(dev), storage.Padded)
+    torch.testing.assert_close(dev.sum(-2).cpu(), ref.sum(-2))
+    torch.testing.assert_close(dev.softmax(-2).cpu(), ref.softmax(-2))
+    torch.testing.assert_close((dev @ dev.transpose(-1, -2)).cpu(), ref @ ref.transpose(-1, -2))
+    torch.testing.assert_close(dev.flatten().cpu(), ref.flatten())
+    assert torch.equal(dev.clone().cpu(), ref)
+    assert torch.equal(dev.to(torch.float64).cpu(), ref.double())
+    assert repr(dev.cpu()) == repr(ref) and str(dev).split("device")[0].rstrip(", \n") in str(ref)
+
+
+def test_writes_into_a_growing_tensor():
+    dev, ref = _grow(7)
+    alias = dev.clone()  # shares the padded buffer until one of them is written
+    for t in (dev, ref):
+        t[:, :, 0] = 5.0  # a write through a view
+        t.mul_(2)  # a whole write
+    assert torch.equal(dev.cpu(), ref)
+    assert not torch.equal(alias.cpu(), ref)
+    piece = torch.randn(2, 3, 1, 4)
+    assert torch.equal(torch.cat([dev, piece.to("pjrt")], -2).cpu(), torch.cat([ref, piece], -2))
+    dev2, ref2 = _grow(7, seed=3)
+    kept = ref2.numel()
+    for t in (dev2, ref2):
+        t.resize_(2, 3, 20, 4)  # the storage grows past its padded value; its elements stay
+    assert torch.equal(dev2.view(-1)[:kept].cpu(), ref2.view(-1)[:kept])
+
+
+def test_cat_with_out_promotion_and_other_dims():
+    dev, ref = _grow(4, shape=(3, 6), dim=-1)
+    out = torch.empty(3, 11, device="pjrt")
+    torch.cat([dev, torch.ones(1, 1, device="pjrt").expand(3, 1)], dim=1, out=out)
+    assert torch.equal(out.cpu(), torch.cat([ref, torch.ones(3, 1)], dim=1))
+    ints, ints_ref = torch.arange(4, dtype=torch.int32).to("pjrt"), torch.arange(4, dtype=torch.int32)
+    for i in range(20):
+        piece = torch.tensor([i], dtype=torch.int64)
+        ints, ints_ref = torch.cat([ints, piece.to("pjrt")]), torch.cat([ints_ref, piece])
+        assert ints.dtype == ints_ref.dtype
+    assert torch.equal(ints.cpu(), ints_ref)
+    rows, rows_ref = _grow(20, shape=(2, 4), dim=0)  # growing along the outermost dim
+    assert torch.equal(rows.cpu(), rows_ref)
+
+
+def test_autograd_through_a_growing_cat():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(4, generator=g)
+    w_dev = w.to("pjrt").requires_grad_()
+    w_ref = w.clone().requires_grad_()
+    dev, ref = torch.zeros(1, 4, device="pjrt"), torch.zeros(1, 4)
+    for i in range(12):
+        dev, ref = torch.cat([dev, (w_dev * i)[None]]), torch.cat([ref, (w_ref * i)[None]])
+    (dev.sin().sum()).backward()
+    (ref.sin().sum()).backward()
+    torch.testing.assert_close(w_dev.grad.cpu(), w_ref.grad)
+
+
+def test_save_and_compile_read_a_growing_tensor():
+    dev, ref = _grow(9)
+    buffer = io.BytesIO()
+    torch.save(dev, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.load(buffer).cpu(), ref)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: (t * 3).sum(-2), backend="pjrt")
+    torch.testing.assert_close(fn(dev).cpu(), (ref * 3).sum(-2))
+
+
+def test_attention_over_a_growing_cache_compiles_once_per_capacity():
+    g = torch.Generator().manual_seed(4)
+    k_ref, v_ref = torch.randn(1, 2, 6, 16, generator=g), torch.randn(1, 2, 6, 16, generator=g)
+    k_dev, v_dev = k_ref.to("pjrt"), v_ref.to("pjrt")
+    sdpa = "aten._scaled_dot_product_fused_attention_overrideable.default"
+    torch_pjrt.reset_eager_stats()
+    for _ in range(40):
+        q = torch.randn(1, 4, 1, 16, generator=g)
+        nk, nv = torch.randn(1, 2, 1, 16, generator=g), torch.randn(1, 2, 1, 16, generator=g)
+        k_ref, v_ref = torch.cat([k_ref, nk], -2), torch.cat([v_ref, nv], -2)
+        k_dev, v_dev = torch.cat([k_dev, nk.to("pjrt")], -2), torch.cat([v_dev, nv.to("pjrt")], -2)
+        got = F.scaled_dot_product_attention(q.to("pjrt"), k_dev, v_dev, enable_gqa=True)
+        want = F.scaled_dot_product_attention(q, k_ref, v_ref, enable_gqa=True)
+        torch.testing.assert_close(got.cpu(), want, atol=2e-6, rtol=2e-5)
+    assert _executables(sdpa) <= 5, torch_pjrt.eager_stats()["by_op"]  # two exact lengths, capacities 16, 32, 64
+
+
+@pytest.mark.parametrize("model", [None, "hf:gpt2"], ids=["llama", "gpt2"])
+def test_generate_builds_a_bounded_number_of_executables(model):
+    """HF generate() with its default dynamic cache: greedy tokens equal CPU torch; the
+    executables of 64 new tokens are a few per capacity, not one set per token."""
+    pytest.importorskip("transformers")
+    from torch_pjrt.tools import bench_llm
+
+    lm = bench_llm.causal_lm(model, 128)
+    torch.manual_seed(0)
+    cpu = lm.build().eval()
+    dev = lm.build().to("pjrt").eval()
+    prompt = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(do_sample=False, pad_token_id=0)
+    dev.generate(prompt.to("pjrt"), max_new_tokens=3, min_new_tokens=3, **kwargs)  # the prompt's shapes
+    torch_pjrt.reset_eager_stats()
+    got = dev.generate(prompt.to("pjrt"), max_new_tokens=64, min_new_tokens=64, **kwargs).cpu()
+    built = torch_pjrt.eager_stats()["executables"]
+    want = cpu.generate(prompt, max_new_tokens=64, min_new_tokens=64, **kwargs)
+    assert torch.equal(got, want)
+    assert built <= 40, torch_pjrt.eager_stats()["by_op"]  # 63 new lengths; at exact sizes several per length
+    torch_pjrt.reset_eager_stats()
+    dev.generate(prompt.to("pjrt"), max_new_tokens=64, min_new_tokens=64, **kwargs)
+    assert torch_pjrt.eager_stats()["executables"] == 0
