@@ -213,3 +213,66 @@ def test_grad_scaler_with_float16_autocast_training():
     assert scale == 65536.0  # no step overflowed, none was skipped
     assert amp_losses[-1] < amp_losses[0] - 0.1
     assert amp_losses == pytest.approx(fp32_losses, abs=5e-3)
+
+
+# ---- torch as the oracle of the cast lists (CUDA's policy) --------------------------------
+
+def test_cast_lists_are_cudas_registrations():
+    """Every op CUDA's autocast casts has a rule here, and every rule is CUDA's: an op with an
+    AutocastCUDA kernel in this torch, or a composite CUDA casts after decomposing it."""
+    cuda = {name.split("::")[1] for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
+            if name.startswith("aten::")}
+    ours = {op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "." + op._overloadname)
+            for op in torch_pjrt.autocast.rules()}
+    cuda_only = {n for n in cuda if n.startswith("cudnn_")}  # cuDNN entry points: no pjrt form
+    # rms_norm: CUDA runs it in float32 (its result is float32); pjrt has no rule yet and returns
+    # the input's dtype. A known gap, left as it is: adding the rule changes behaviour.
+    missing = cuda - ours - cuda_only - {"rms_norm"}
+    assert not missing, f"CUDA autocast casts these, pjrt does not: {sorted(missing)}"
+    for name in ours - cuda:
+        op = torch_pjrt.autocast._overload(name)
+        assert op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd), name
+
+
+def _fake_cuda_dtype(case, dtype, low):
+    """The dtype CUDA's autocast gives `case` (fake CUDA tensors: no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def fake(*shape, seed=0, dtype=torch.float32):
+        return torch.empty(*shape, device="cuda", dtype=dtype)
+
+    # torch.autocast("cuda") turns itself off without a GPU; the state it would set, set directly
+    enabled, before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    with FakeTensorMode():
+        torch.set_autocast_enabled("cuda", True)
+        torch.set_autocast_dtype("cuda", low)
+        try:
+            return case(fake, dtype).dtype
+        finally:
+            torch.set_autocast_enabled("cuda", enabled)
+            torch.set_autocast_dtype("cuda", before)
+
+
+@pytest.mark.parametrize("name", ["mm", "addmm", "conv2d", "linear", "exp", "softmax", "sum", "layer_norm",
+                                  "mse_loss", "addcmul_mixed", "addcmul_low", "relu", "add"])
+def test_policy_matches_cuda_autocast(name):
+    """pjrt's cast of each policy kind gives the dtype CUDA's own autocast gives."""
+    cases = {
+        "mm": lambda t, d: torch.mm(t(3, 4), t(4, 5)),
+        "addmm": lambda t, d: torch.addmm(t(5), t(3, 4), t(4, 5)),
+        "conv2d": lambda t, d: F.conv2d(t(1, 2, 6, 6), t(3, 2, 3, 3)),
+        "linear": lambda t, d: F.linear(t(3, 4), t(5, 4)),
+        "exp": lambda t, d: torch.exp(t(3, dtype=d)),
+        "softmax": lambda t, d: F.softmax(t(2, 3, dtype=d), -1),
+        "sum": lambda t, d: torch.sum(t(3, dtype=d)),
+        "layer_norm": lambda t, d: F.layer_norm(t(2, 4, dtype=d), (4,)),
+        "mse_loss": lambda t, d: F.mse_loss(t(3, dtype=d), t(3, dtype=d)),
+        "addcmul_mixed": lambda t, d: torch.addcmul(t(3), t(3, dtype=d), t(3, dtype=d)),
+        "addcmul_low": lambda t, d: torch.addcmul(t(3, dtype=d), t(3, dtype=d), t(3, dtype=d)),
+        "relu": lambda t, d: F.relu(t(3, dtype=d)),
+        "add": lambda t, d: t(3) + t(3, dtype=d),
+    }
+    for low in LOW:
+        with torch.autocast("pjrt", dtype=low):
+            ours = cases[name](pj, low).dtype
+        assert ours == _fake_cuda_dtype(cases[name], low, low), (name, low)

@@ -26,7 +26,16 @@ _KEY = "AutocastPrivateUse1"
 _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 _DEVICE_TYPE = "pjrt"
 
-# autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m), torch 2.13
+# CUDA's policy, one source: autocast_mode.cpp, TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m), torch 2.13.
+# Not traits of op entries: most of these ops are composites with no lowering (linear,
+# conv2d, layer_norm, the losses), and the policy is CUDA's, not the table's. torch is the
+# oracle for which ops have a rule (tests/test_autocast.py compares the lists with the
+# AutocastCUDA registrations of the running torch); the policy kind cannot be read back from
+# the dispatcher (every kernel is registered from the same macro line, with no policy in its
+# debug name), so the lists name it, and the tests check it against CUDA autocast run on fake
+# CUDA tensors. Where the lists name an overload CUDA has no kernel for (conv1d.padding, the
+# upsample .vec overloads), it is a CompositeImplicitAutograd op that CUDA casts after its
+# decomposition; casting before it gives the same result.
 LOWER_PRECISION = [
     "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
     "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr",

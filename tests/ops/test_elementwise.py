@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.ops.harness import check, device_available, run_lowering, run_pjrt
+from torch_pjrt.ops.registry import LOWERINGS
 
 aten = torch.ops.aten
 nan, inf = float("nan"), float("inf")
@@ -89,9 +90,8 @@ UNARY_F32 = ["special_ndtri", "special_erfcx", "special_log_ndtr"]
 def test_unary(name, dtype):
     x = make(dtype)
     tol = low_precision_tol(x)
-    if dtype == torch.complex64 and name in ("tan", "tanh", "sigmoid", "sinc", "rsqrt", "log10", "log2"):
-        tol = dict(atol=1e-5, rtol=1e-4)  # complex transcendental: XLA and torch use different formulas
-    check_or_raise(getattr(aten, name).default, x, tol=tol)
+    op = getattr(aten, name).default
+    check_or_raise(op, x, tol=LOWERINGS[op].tests.tolerance_for(dtype) or tol)
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.int64, torch.bool, torch.bfloat16), ids=str)
@@ -177,9 +177,6 @@ BINARY = [
     aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor, aten.heaviside.default, aten.gcd.default,
     aten.lcm.default, aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.special_zeta.default,
 ]
-# integer division by zero raises on CPU (data-dependent; not reproducible inside an executable)
-NONZERO_DIVISOR = {aten.remainder.Tensor, aten.fmod.Tensor, aten.floor_divide.default,
-                   aten.remainder.Scalar, aten.fmod.Scalar, aten.floor_divide.Scalar}
 PAIRS = [(d, d) for d in ALL] + [
     (torch.int32, torch.float32), (torch.uint8, torch.int64), (torch.bfloat16, torch.float16),
     (torch.float32, torch.float64), (torch.bool, torch.int32), (torch.int64, torch.bool),
@@ -192,7 +189,7 @@ PAIRS = [(d, d) for d in ALL] + [
 def test_binary(op, pair):
     special = not (pair[0].is_complex or pair[1].is_complex)  # see make(): no complex infinities
     a = make(pair[0], seed=1, special=special)
-    b = make(pair[1], shape=(5,), seed=2, special=special, nonzero=op in NONZERO_DIVISOR)  # broadcasts to (4, 5)
+    b = make(pair[1], shape=(5,), seed=2, special=special, nonzero=LOWERINGS[op].tests.nonzero_divisor)  # broadcasts to (4, 5)
     if op == aten.special_zeta.default and pair[0] != torch.bool:
         a, b = a.abs() + 1, b.abs() if b.dtype != torch.bool else b
     check_or_raise(op, a, b, tol=low_precision_tol(a, b))
@@ -251,7 +248,7 @@ SCALAR_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int32, torc
 def test_tensor_scalar(op, dtype):
     x = make(dtype, seed=4)
     for s in SCALARS:
-        if op in NONZERO_DIVISOR and s is True and not dtype.is_floating_point:
+        if LOWERINGS[op].tests.nonzero_divisor and s is True and not dtype.is_floating_point:
             continue  # x % True is integer division by one... fine, but True ** ... keep the matrix small
         if op == aten.pow.Tensor_Scalar and isinstance(s, int) and not isinstance(s, bool) and s < 0 \
                 and not dtype.is_floating_point:
@@ -553,12 +550,8 @@ def test_activation(case, dtype):
     check_or_raise(op, x, *extra, tol=low_precision_tol(x), **kw)
 
 
-# CPU torch gives these a NaN input's gradient one way in its vectorized loop and another in
-# its scalar tail (so it depends on the tensor's size). We follow the vectorized loop, which
-# every tensor of more than a few elements takes: test_backward_nan_input checks that on 64
-# elements; the general tests keep NaN out of the input of these ops.
-NAN_BY_SIZE = {aten.hardswish_backward.default, aten.hardtanh_backward.default, aten.hardshrink_backward.default,
-               aten.softshrink_backward.default, aten.elu_backward.default}
+# Ops whose entries say nan_input_by_size: the general tests keep NaN out of their input,
+# test_backward_nan_input checks NaN on 64 elements (the vectorized loop CPU takes there).
 
 
 @pytest.mark.parametrize("dtype", ACT_FLOATS, ids=str)
@@ -566,7 +559,7 @@ NAN_BY_SIZE = {aten.hardswish_backward.default, aten.hardtanh_backward.default, 
 def test_activation_backward(case, dtype):
     op, extra, kw = case
     x, g = _act_input(dtype), make(dtype, shape=(4, 6), seed=11, special=False)
-    if op in NAN_BY_SIZE:
+    if LOWERINGS[op].tests.nan_input_by_size:
         x = x.nan_to_num(nan=0.25, posinf=inf, neginf=-inf)
     if op in (aten.sigmoid_backward.default, aten.tanh_backward.default):
         x = torch.sigmoid(x.float()).to(dtype)  # these take the forward's output

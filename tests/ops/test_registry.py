@@ -69,3 +69,16 @@ def test_elementwise_ops_compile_bucketed(op):
 @pytest.mark.parametrize("op", _unary_float_ops(), ids=str)
 def test_every_unary_elementwise_op_compiles_bucketed(op):
     _bucketed_only(op, (5, 7, 9))
+
+
+def test_traits_read_by_eager_and_the_tests_are_well_formed():
+    from torch_pjrt.eager.kernels import _composite_implicit
+
+    # a decomposition serves eager only where eager derives no kernel (the op decomposes above autograd)
+    redirected = [op for op, l in LOWERINGS.items() if l.decomposition is not None]
+    assert aten.native_batch_norm.default in redirected
+    assert all(_composite_implicit(op) for op in redirected), redirected
+    for op, l in LOWERINGS.items():
+        for dtype, atol, rtol in l.tests.tolerance:
+            assert isinstance(dtype, torch.dtype) and atol >= 0 and rtol >= 0, op
+        assert l.tests.tolerance_for(torch.float64) == {} or any(d == torch.float64 for d, *_ in l.tests.tolerance)

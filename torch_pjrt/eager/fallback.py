@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from ..ops.registry import LOWERINGS
 from ..runtime import storage
 from . import decomposed
 
@@ -42,28 +43,13 @@ def _is_pjrt(x) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "pjrt"
 
 
-def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    """native_batch_norm's schema hides its writes to the running statistics, so it has no
-    eager kernel; _native_batch_norm_legit declares them and has one (torch's own
-    decomposition would recompute batch norm in other roundings than CPU's)."""
-    aten = torch.ops.aten
-    if running_mean is None or running_var is None:
-        if not training:
-            raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
-        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
-    return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
-
-
-# Ops that run as another table op rather than as torch's decomposition.
-REDIRECTS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
-
-
 def run(op, *args, **kwargs):
     """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
     name = str(op)
     from torch._decomp import decomposition_table  # imported on first use: it costs 0.3 s
 
-    decomposition = REDIRECTS.get(op) or decomposition_table.get(op)
+    entry = LOWERINGS.get(op)  # an entry may name what eager runs instead of torch's decomposition
+    decomposition = (entry.decomposition if entry is not None else None) or decomposition_table.get(op)
     if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
         _decomposed[name] += 1
         _decomposing.add(op)

@@ -388,12 +388,22 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     return out.astype(input.dtype), save_mean, save_invstd, new_rm, new_rv
 
 
-@lowering(aten.native_batch_norm.default)
+def _native_batch_norm_eager(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """native_batch_norm in eager: its schema hides the writes to the running statistics, so
+    eager has no kernel for it; _native_batch_norm_legit declares them and has one (torch's own
+    decomposition would recompute batch norm in other roundings than CPU's)."""
+    if running_mean is None or running_var is None:
+        if not training:
+            raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@lowering(aten.native_batch_norm.default, decomposition=_native_batch_norm_eager)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     # torch's schema hides that training also updates running_mean/running_var in place.
-    # Eager pjrt never calls this lowering (torch registers a CompositeImplicitAutograd
-    # decomposition onto _native_batch_norm_legit_functional + copy_, which the runtime
-    # keeps); a consumer that does call it must write back RUNNING_STATS_UPDATE's values.
+    # Eager pjrt never calls this lowering (its `decomposition` serves eager); a consumer that
+    # does call it must write back RUNNING_STATS_UPDATE's values.
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 

@@ -20,8 +20,9 @@ outputs.
 
 An entry is the whole description of its op: besides the function it carries the traits
 its consumers read (how padded execution treats it, which index tensors eager checks,
-whether eager derives its kernel from it, how it runs over storages that grow along one
-axis: ops/growth.py). The consumers (eager kernels, the torch.compile
+whether eager derives its kernel from it, what eager runs in place of torch's decomposition,
+how it runs over storages that grow along one axis (ops/growth.py), its tests' special
+cases). The consumers (eager kernels, the torch.compile
 interpreter and its padding, custom kernels) keep no per-op tables of their own, and the
 table knows nothing of them.
 """
@@ -61,6 +62,27 @@ Probe = tuple[object, int, bool, Callable[[int, int], Exception]]
 
 
 @dataclass(frozen=True)
+class TestCases:
+    """The special cases of an op's tests (tests/ops read them from its entry), set where its
+    lowering is defined, as JAX registers an operation's rules beside it. Inputs every op is
+    tested on stay in the tests."""
+
+    # (dtype, atol, rtol) where torch's and XLA's formulas differ past the dtype's default tolerance
+    tolerance: tuple[tuple[torch.dtype, float, float], ...] = ()
+    nonzero_divisor: bool = False  # integer division by zero raises on CPU (data-dependent): no zero divisors
+    # CPU gives a NaN input's gradient one way in its vectorized loop and another in its scalar
+    # tail; we follow the vectorized loop, so NaN inputs are tested only on tensors that take it
+    nan_input_by_size: bool = False
+
+    def tolerance_for(self, dtype: torch.dtype) -> dict:
+        """assert_close keywords for `dtype` ({} : the dtype's defaults)."""
+        return next((dict(atol=atol, rtol=rtol) for d, atol, rtol in self.tolerance if d == dtype), {})
+
+
+NO_TEST_CASES = TestCases()
+
+
+@dataclass(frozen=True)
 class Lowering:
     op: OpOverload
     fn: Callable
@@ -74,6 +96,10 @@ class Lowering:
     host_indices: bool  # its index tensors may live on the CPU, as with CUDA (x_cuda[cpu_index])
     eager: str  # "": eager derives its kernels from it; else which kernel serves eager instead, and why
     jit_for_integer_indices: bool = False  # jit=False only for boolean masks: with integer indices it traces
+    # An op eager has no kernel for (torch decomposes it above autograd when tracing) runs as
+    # this torch-level function over table ops instead of torch's decomposition (eager/fallback.py)
+    decomposition: Callable | None = None
+    tests: TestCases = NO_TEST_CASES  # its tests' special cases
     grows: Callable[[list], object] | None = None  # eager over growing storages: values -> growth.Growth or None
 
 
@@ -83,7 +109,8 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
              traced: Iterable[str] = (), padding: Padding | None = None, not_paddable: str = "",
              index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
-             jit_for_integer_indices: bool = False, grows: Callable | None = None) -> Callable:
+             jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
+             tests: TestCases = NO_TEST_CASES, grows: Callable | None = None) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -102,7 +129,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                 pad = POINTWISE
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
-                                     jit_for_integer_indices, grows)
+                                     jit_for_integer_indices, decomposition, tests, grows)
         return fn
 
     return register
