@@ -225,9 +225,7 @@ def test_cast_lists_are_cudas_registrations():
     ours = {op._schema.name.split("::")[1] + ("" if op._overloadname == "default" else "." + op._overloadname)
             for op in torch_pjrt.autocast.rules()}
     cuda_only = {n for n in cuda if n.startswith("cudnn_")}  # cuDNN entry points: no pjrt form
-    # rms_norm: CUDA runs it in float32 (its result is float32); pjrt has no rule yet and returns
-    # the input's dtype. A known gap, left as it is: adding the rule changes behaviour.
-    missing = cuda - ours - cuda_only - {"rms_norm"}
+    missing = cuda - ours - cuda_only
     assert not missing, f"CUDA autocast casts these, pjrt does not: {sorted(missing)}"
     for name in ours - cuda:
         op = torch_pjrt.autocast._overload(name)
