@@ -185,10 +185,9 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
 
 
 def _changed_length(op, growth: Growth, values: list, base) -> bool:
-    others = list(base.shape)
-    others[growth.axis] = None
-    pieces = tuple(tuple(v.shape) for v in _flat(values) if v is not base and hasattr(v, "shape"))
-    key = (op, tuple(others), pieces, str(base.dtype))
+    shape = base.shape
+    pieces = tuple(v.shape for v in _flat(values) if v is not base and hasattr(v, "shape"))
+    key = (op, shape[:growth.axis], shape[growth.axis + 1:], pieces, base.dtype)
     seen = _LENGTHS_SEEN.get(key)
     if seen is None:
         if len(_LENGTHS_SEEN) > 4096:

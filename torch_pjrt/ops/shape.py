@@ -71,11 +71,16 @@ def _is_legacy_empty(t):
 
 def _cat_grows(tensors, dim=0) -> Growth | None:
     """An append (a KV cache token by token): the first tensor grows along `dim`."""
-    ndim = len(tensors[0].shape) if tensors else 0
-    if len(tensors) < 2 or ndim == 0 or any(len(t.shape) != ndim for t in tensors):
+    if len(tensors) < 2:
         return None
-    axis = wrap_dim(dim, ndim)
-    return Growth(operands=((0, 0),), axis=axis, length=sum(t.shape[axis] for t in tensors))
+    shapes = [t.shape for t in tensors]
+    ndim = len(shapes[0])
+    if ndim == 0 or any(len(s) != ndim for s in shapes):
+        return None
+    axis = dim % ndim if -ndim <= dim < ndim else dim  # out of range: the lowering raises torch's error
+    if not 0 <= axis < ndim:
+        return None
+    return Growth(operands=((0, 0),), axis=axis, length=sum(s[axis] for s in shapes))
 
 
 def _cat_growing(tensors, dim):
