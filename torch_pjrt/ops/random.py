@@ -51,7 +51,13 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
     return (u * (to - from_) + from_).astype(self.dtype)
 
 
-@lowering(aten.bernoulli_.float)
+def _probability(values, position: int) -> bool:
+    """A traced probability's range, checked on the host (CPU torch names the error)."""
+    p = values[position]
+    return isinstance(p, (int, float)) and 0 <= p <= 1
+
+
+@lowering(aten.bernoulli_.float, traced=("p",), in_range=lambda values: _probability(values, 1))
 def bernoulli_(self, p=0.5, *, generator=None):
     return jax.random.bernoulli(key(generator), p, self.shape).astype(self.dtype)
 
@@ -150,12 +156,14 @@ def randperm_generator_out(n, *, generator=None, out):
     return _permutation(generator, n, out.dtype)
 
 
-@lowering(aten.native_dropout.default, random=True)
+@lowering(aten.native_dropout.default, random=True, traced=("p",),
+          in_range=lambda values: not values[2] or _probability(values, 1))
 def native_dropout(input, p, train, *, generator=None):
-    if not train or p == 0:
+    """`p` is traced (a new rate compiles nothing), so p == 0 and p == 1 are jnp.where cases."""
+    if not train:
         return input, jnp.ones(input.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape)
-    scale = jnp.asarray(1.0 / (1.0 - p), input.dtype) if p < 1 else jnp.asarray(0.0, input.dtype)
+    keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape) | (p == 0)
+    scale = jnp.where(p < 1, 1.0 / jnp.where(p < 1, 1.0 - p, 1.0), 0.0).astype(input.dtype)
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
 
 
