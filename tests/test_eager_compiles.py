@@ -135,18 +135,25 @@ def test_a_traced_argument_builds_no_executable_per_value(name):
         _assert_same(a, b)
 
 
-def test_traced_probabilities_build_one_executable():
+def test_traced_random_parameters_build_no_executable_per_value():
     import torch_pjrt
 
     x = torch.ones(1000, device="pjrt")
     torch.ops.aten.native_dropout(x, 0.5, True)
     x.clone().bernoulli_(0.5)
+    x.clone().uniform_(-1.0, 1.0)
+    x.clone().normal_(0.0, 1.0)
     torch_pjrt.reset_eager_stats()
     for p in (0.1, 0.25, 0.6, 0.9):
         out, mask = torch.ops.aten.native_dropout(x, p, True)
         kept = mask.cpu().float().mean().item()
         assert abs(kept - (1 - p)) < 0.1 and torch.allclose(out.cpu()[mask.cpu()], torch.tensor(1 / (1 - p)))
         assert abs(x.clone().bernoulli_(p).cpu().mean().item() - p) < 0.1
+        bound = 1 / (p * 64) ** 0.5  # as kaiming_uniform_'s bound per fan-in
+        u = x.clone().uniform_(-bound, bound).cpu()
+        assert -bound <= u.min() and u.max() < bound and u.std() > bound / 3
+        n = x.clone().normal_(p, 2 * p).cpu()
+        assert abs(n.mean() - p) < 0.3 and abs(n.std() - 2 * p) < 0.3
     assert torch_pjrt.eager_stats()["executables"] == 0, torch_pjrt.eager_stats()["by_op"]
 
 
@@ -182,6 +189,10 @@ OUT_OF_RANGE = {
     "slice_backward": lambda x: torch.ops.aten.slice_backward(x[:, :3], [6, 7], 1, 6, 9, 1),
     "dropout": lambda x: torch.ops.aten.native_dropout(x, 1.5, True),
     "bernoulli": lambda x: x.clone().bernoulli_(-0.5),
+    "uniform_reversed": lambda x: x.clone().uniform_(2.0, 1.0),
+    "uniform_half_overflow": lambda x: x.half().uniform_(0.0, 1e6),
+    "uniform_integer": lambda x: x.long().uniform_(0.0, 1.0),
+    "normal_negative_std": lambda x: x.clone().normal_(0.0, -1.0),
 }
 
 
