@@ -3,19 +3,26 @@ executables (a view's storage offset is traced, not static), with CPU's results.
 from __future__ import annotations
 
 import jax.monitoring
+import pytest
 import torch
 
-_built: list = []
+_built: list = []  # every XLA executable JAX compiles or loads from the persistent cache, eager's or not
 jax.monitoring.register_event_duration_secs_listener(
     lambda name, secs, **kw: _built.append(name) if "backend_compile" in name else None)
+jax.monitoring.register_event_listener(
+    lambda name, **kw: _built.append(name) if name.endswith("compilation_cache/cache_hits") else None)
 
 
 def _executables_built(fn) -> int:
+    """Executables `fn` builds: eager's (torch_pjrt.eager_stats) and any other JAX compiles
+    (storage view reads), whether compiled or loaded from the on-disk cache."""
+    import torch_pjrt
+
     torch.pjrt.synchronize()
-    start = len(_built)
+    start, eager = len(_built), torch_pjrt.eager_stats()["executables"]
     fn()
     torch.pjrt.synchronize()
-    return len(_built) - start
+    return max(len(_built) - start, torch_pjrt.eager_stats()["executables"] - eager)
 
 
 def test_gather_loop_over_python_ints_builds_a_constant_number_of_executables():
@@ -35,7 +42,7 @@ def test_gather_loop_over_python_ints_builds_a_constant_number_of_executables():
     assert torch.equal(pout.cpu(), out)
 
 
-def test_select_narrow_index_put_over_100_ints_build_few_executables():
+def test_select_index_narrow_index_put_over_100_ints_build_few_executables():
     x = torch.randn(100, 7)
     px = x.to("pjrt")
     acc, pacc = torch.zeros(7), torch.zeros(7, device="pjrt")
@@ -44,8 +51,8 @@ def test_select_narrow_index_put_over_100_ints_build_few_executables():
     def loop(indices):
         nonlocal acc, pacc
         for i in indices:
-            acc = acc + x[i] * 2 + x.narrow(0, i, 1).sum(0)
-            pacc = pacc + px[i] * 2 + px.narrow(0, i, 1).sum(0)
+            acc = acc + x[i] * 2 + x.narrow(0, i, 1).sum(0) + x[torch.tensor([i, 99 - i])].sum(0)
+            pacc = pacc + px[i] * 2 + px.narrow(0, i, 1).sum(0) + px[torch.tensor([i, 99 - i])].sum(0)
             y[i] = x[i] + i
             py[i] = px[i] + i
             y.index_put_((torch.tensor([i]),), x[i] * 3)
@@ -76,3 +83,125 @@ def test_eager_stats_count_executables_per_op_and_warn_on_many_variants(monkeypa
     assert stats["executables"] >= 5 and stats["compile_seconds"] >= 0
     messages = [str(w.message) for w in caught if "aten.roll.default has compiled" in str(w.message)]
     assert len(messages) == 1 and "'self' changed" in messages[0]
+
+
+# ---------------------------------------------------------------- traced arguments (entries' `traced=`)
+# Per op: a call for one value of an argument that fixes no output shape; a loop over many
+# values must build no executable after the first ones, and give CPU's results.
+_T = torch.randn(6, 7)
+_NAN = torch.tensor([float("nan"), float("inf"), -float("inf"), 2.0])
+TRACED_LOOPS = {
+    "roll": (range(-9, 12), lambda x, v: torch.roll(x, v)),
+    "roll_dims": (range(-9, 12), lambda x, v: torch.roll(x, (v, 2 * v), (0, 1))),
+    "tril": (range(-8, 9), lambda x, v: torch.tril(x, v)),
+    "triu": (range(-8, 9), lambda x, v: torch.triu(x, v)),
+    "kthvalue": (range(1, 8), lambda x, v: torch.kthvalue(x, v)),
+    "kthvalue_dim0": (range(1, 7), lambda x, v: torch.kthvalue(x, v, 0, keepdim=True)),
+    "select_scatter": (range(-6, 6), lambda x, v: torch.select_scatter(x, x[0] * v, 0, v)),
+    "slice_scatter": ([-3, 0, -7, -6, -5, -4, 1, 2, 3, 4],  # a slice of 3 at each start (end None at -3)
+                      lambda x, v: torch.slice_scatter(x, x[:, :3] + v, 1, v, None if v == -3 else v + 3)),
+    "slice_scatter_step": (range(0, 3), lambda x, v: torch.slice_scatter(x, x[:, :3] + v, 1, v, v + 5, 2)),
+    "nan_to_num": ([0.0, 1.5, -3.0, 7.25], lambda x, v: torch.nan_to_num(_NAN.to(x.device), v, v + 1, v - 1)),
+    "dropout_p0_p1": ([0.0, 1.0], lambda x, v: torch.ops.aten.native_dropout(x, v, True)),
+}
+
+
+def _run_loop(fn, values, device):
+    x = _T.to(device)
+    return [fn(x, v) for v in values]
+
+
+def _assert_same(a, b):
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+        return
+    assert torch.equal(a.cpu(), b), (a, b)
+
+
+@pytest.mark.parametrize("name", sorted(TRACED_LOOPS))
+def test_a_traced_argument_builds_no_executable_per_value(name):
+    import torch_pjrt
+
+    values, fn = TRACED_LOOPS[name]
+    values = list(values)
+    _run_loop(fn, values[:2], "pjrt")  # warm: the executables of this shape (slice_scatter: end None, end int)
+    torch.pjrt.synchronize()
+    torch_pjrt.reset_eager_stats()
+    got = _run_loop(fn, values, "pjrt")
+    built = torch_pjrt.eager_stats()["executables"]
+    assert built == 0, f"{name}: {torch_pjrt.eager_stats()['by_op']} for {len(values)} values"
+    for a, b in zip(got, _run_loop(fn, values, "cpu")):
+        _assert_same(a, b)
+
+
+def test_traced_random_parameters_build_no_executable_per_value():
+    import torch_pjrt
+
+    x = torch.ones(1000, device="pjrt")
+    torch.ops.aten.native_dropout(x, 0.5, True)
+    x.clone().bernoulli_(0.5)
+    x.clone().uniform_(-1.0, 1.0)
+    x.clone().normal_(0.0, 1.0)
+    torch_pjrt.reset_eager_stats()
+    for p in (0.1, 0.25, 0.6, 0.9):
+        out, mask = torch.ops.aten.native_dropout(x, p, True)
+        kept = mask.cpu().float().mean().item()
+        assert abs(kept - (1 - p)) < 0.1 and torch.allclose(out.cpu()[mask.cpu()], torch.tensor(1 / (1 - p)))
+        assert abs(x.clone().bernoulli_(p).cpu().mean().item() - p) < 0.1
+        bound = 1 / (p * 64) ** 0.5  # as kaiming_uniform_'s bound per fan-in
+        u = x.clone().uniform_(-bound, bound).cpu()
+        assert -bound <= u.min() and u.max() < bound and u.std() > bound / 3
+        n = x.clone().normal_(p, 2 * p).cpu()
+        assert abs(n.mean() - p) < 0.3 and abs(n.std() - 2 * p) < 0.3
+    assert torch_pjrt.eager_stats()["executables"] == 0, torch_pjrt.eager_stats()["by_op"]
+
+
+def test_view_backward_ops_over_python_ints_build_no_executables():
+    import torch_pjrt
+
+    def loop(device, indices):
+        x = torch.arange(42.0).reshape(6, 7).to(device).requires_grad_()
+        grads = []
+        for i in indices:
+            j = i % 6  # a slice of length 2 at every start
+            (g,) = torch.autograd.grad((x[i] * 2).sum() + (x[:, j:j + 2] * 3).sum(), x)
+            grads.append(g)
+        return grads
+
+    loop("pjrt", [0])
+    torch.pjrt.synchronize()
+    torch_pjrt.reset_eager_stats()
+    got = loop("pjrt", range(-6, 5))
+    by_op = torch_pjrt.eager_stats()["by_op"]
+    assert not any("backward" in op for op in by_op), by_op
+    for a, b in zip(got, loop("cpu", range(-6, 5))):
+        assert torch.equal(a.cpu(), b)
+
+
+OUT_OF_RANGE = {
+    "kthvalue": lambda x: torch.kthvalue(x, 8),
+    "kthvalue_zero": lambda x: torch.kthvalue(x, 0),
+    "select_scatter": lambda x: torch.select_scatter(x, x[0], 0, 6),
+    "select_scatter_negative": lambda x: torch.select_scatter(x, x[0], 0, -7),
+    "slice_scatter": lambda x: torch.slice_scatter(x, x[:, :3], 1, 5, 9),
+    "select_backward": lambda x: torch.ops.aten.select_backward(x[0], [6, 7], 0, 6),
+    "slice_backward": lambda x: torch.ops.aten.slice_backward(x[:, :3], [6, 7], 1, 6, 9, 1),
+    "dropout": lambda x: torch.ops.aten.native_dropout(x, 1.5, True),
+    "bernoulli": lambda x: x.clone().bernoulli_(-0.5),
+    "uniform_reversed": lambda x: x.clone().uniform_(2.0, 1.0),
+    "uniform_half_overflow": lambda x: x.half().uniform_(0.0, 1e6),
+    "uniform_integer": lambda x: x.long().uniform_(0.0, 1.0),
+    "normal_negative_std": lambda x: x.clone().normal_(0.0, -1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_RANGE))
+def test_a_traced_argument_out_of_range_raises_as_on_cpu(name):
+    fn = OUT_OF_RANGE[name]
+    with pytest.raises(Exception) as cpu:
+        fn(_T)
+    with pytest.raises(type(cpu.value)) as pjrt:
+        fn(_T.to("pjrt"))
+        torch.pjrt.synchronize()
+    assert str(pjrt.value) == str(cpu.value)

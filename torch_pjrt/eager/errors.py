@@ -47,14 +47,18 @@ _NO_VERDICT = (NotImplementedError, torch._subclasses.fake_tensor.DataDependentO
 _VERDICTS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
 
 
-def meta_check(lowering, sig, values):
+def meta_check(lowering, sig, values, concrete=None):
     """Raise MetaRejected if torch's meta kernel refuses a call of these shapes, strides, dtypes
     and static arguments (runs at trace time; values may be storage views). Returns the meta
-    kernel's outputs (None where it gave no verdict), whose strides the eager outputs follow."""
+    kernel's outputs (None where it gave no verdict), whose strides the eager outputs follow.
+    `concrete`: {position: value} of the traced call's `traced=` arguments, where known; else
+    a neutral value stands in (the entry's `in_range` is what checks their values)."""
     op = lowering.op
     if op in _META_UNRELIABLE:
         return None
-    args = [_as_meta(name, kind, v) for name, kind, v in zip(sig.names, sig.kinds, values)]
+    concrete = concrete or {}
+    args = [concrete[i] if i in concrete else _as_meta(name, SCALAR if name in lowering.traced else kind, v)
+            for i, (name, kind, v) in enumerate(zip(sig.names, sig.kinds, values))]
     outputs, refusal = _run_meta(op, *sig.split(args))
     if refusal is not None:  # the oracle decides what to raise
         raise MetaRejected(refusal) from None

@@ -85,10 +85,15 @@ class Kernel:
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
+        self.in_range = lowering.in_range
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
         """(raw JAX result, device index) for a dispatcher call. grow: the result may be a
         storage.Padded (a functional call of an op whose entry grows: ops/growth.py)."""
+        if self.in_range is not None:  # traced arguments' values: checked here, CPU torch names the error
+            values = self.sig.bind(args, kwargs)
+            if not self.in_range(values):
+                errors.raise_as_cpu(self.op, *self.sig.split(values))
         queue = bounds.mark() if self.index_probes is not None else None
         try:
             return self._compute(args, kwargs, grow)
@@ -130,6 +135,8 @@ class Kernel:
             device = _rt.current_device()
         if self.index_probes is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
             bounds.check(op, self.index_probes, values, device)
+        if call.traced_static:  # the values the meta check sees if this call traces an executable
+            _concrete[call] = {i: values[i] for i in call.traced_static}
         seed = None
         if call.random:
             generator = values[call.generator] if call.generator is not None else None
@@ -225,8 +232,14 @@ def _traced_call(call: OpCall, *values):
     refusals, errors.py), the lowering, and its outputs laid out as the meta kernel lays
     them out (a channels_last input gives a channels_last output, as on CPU)."""
     stats.traced(call.op, call.sig.names, values)
-    meta = errors.meta_check(call.lowering, call.sig, values)
+    meta = errors.meta_check(call.lowering, call.sig, values, _concrete.get(call))
     return storage.laid_out(call.lower(*values), meta)
+
+
+# Per OpCall with `traced=` arguments: their values in its latest Python-kernel call, so that
+# the meta check of a trace sees real ones (slice_scatter's start must agree with src's size).
+# The C++ fast path serves only entries without `in_range`, for which any value is valid.
+_concrete: dict = {}
 
 
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class

@@ -1,8 +1,8 @@
 """How an op's lowering is called: one bound-call object serves every consumer.
 
 `OpCall.of(lowering)` reads the op's schema and traits once: which arguments are static for
-the executable (and must be hashable), which are traced Scalars (passed as weakly typed JAX
-scalars, so a new value does not recompile), where a random op's seed goes. Eager kernels,
+the executable (and must be hashable), which are traced (Scalars, and the numbers the entry
+names in `traced=`: passed as weakly typed JAX scalars, so a new value does not recompile), where a random op's seed goes. Eager kernels,
 the graph interpreter, padded graphs, custom kernels' host path and the test harness all
 call lowerings through it, so none of them re-derives these rules; the C++ eager fast path
 receives its per-argument plan (`fast_plan`) from it too.
@@ -89,6 +89,9 @@ class OpCall:
             or (kind == SCALAR and name in lowering.static))
         self.scalars = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
                              if (k == SCALAR and i not in self.static) or n in lowering.traced)
+        # the schema's static kinds (int, int[], float?) that the entry traces: roll's shifts, ...
+        self.traced_static = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
+                                   if k == STATIC and n in lowering.traced)
         self.scalar_lists = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
         self.tensors = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.tensor_lists = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
@@ -109,7 +112,8 @@ class OpCall:
         static lists hashable. Changes `values` in place and returns it."""
         weak = weak_scalar if cached else _fresh_weak_scalar
         for i in self.scalars:
-            values[i] = weak(values[i])
+            v = values[i]
+            values[i] = [weak(x) for x in v] if type(v) in (list, tuple) else weak(v)  # a traced int[]
         for i in self.scalar_lists:
             values[i] = [weak(v) for v in values[i]]
         if self.random:
@@ -152,11 +156,12 @@ class OpCall:
 
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
-        the Python kernel for every call (tensor lists, randomness, index checks, a device
-        argument, non-tensor returns)."""
+        the Python kernel for every call (tensor lists, randomness, index checks, host range
+        checks of traced arguments (`in_range`), a traced int[], a device argument, non-tensor returns)."""
         lowering = self.lowering
         if (self.tensor_lists or self.scalar_lists or self.random or lowering.index_probes is not None
-                or lowering.host_indices or "device" in self.sig.names):
+                or lowering.host_indices or "device" in self.sig.names or lowering.in_range is not None
+                or any(str(self.op._schema.arguments[i].type).startswith("List") for i in self.traced_static)):
             return None
         if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):
             return None

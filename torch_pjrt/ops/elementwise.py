@@ -776,8 +776,8 @@ def logit(self, eps=None):
     return pointwise(math, self, kind=INT_TO_FLOAT, name="logit", allowed="buif")
 
 
-@lowering(aten.nan_to_num.default)
-def nan_to_num(self, nan=None, posinf=None, neginf=None):
+@lowering(aten.nan_to_num.default, traced=("nan", "posinf", "neginf"))
+def nan_to_num(self, nan=None, posinf=None, neginf=None):  # the replacements are traced: jnp.where only
     def replace(x):
         fi = jnp.finfo(x.dtype)
         x = jnp.where(jnp.isnan(x), jnp.asarray(0.0 if nan is None else nan, x.dtype), x)

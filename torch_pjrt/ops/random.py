@@ -3,10 +3,13 @@ torch generator (so torch.manual_seed reproduces runs) and derives a JAX key fro
 Registered on the in-place overloads torch uses (normal_, uniform_, ...): they return
 self's new value."""
 from __future__ import annotations
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from ..dtypes import to_jax
 from .registry import family
 
 lowering = family(not_paddable="its draws depend on the padded shape")
@@ -23,35 +26,69 @@ def _float_dtype(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
-@lowering(aten.normal_.default)
+def _normal_in_range(values) -> bool:
+    """normal_'s traced std, checked on the host (CPU torch names the error)."""
+    return values[0].dtype.is_floating_point and values[2] >= 0
+
+
+@lowering(aten.normal_.default, traced=("mean", "std"), in_range=_normal_in_range)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     z = jax.random.normal(key(generator), self.shape, _float_dtype(self))
     return (z * std + mean).astype(self.dtype)
 
 
-def _check_uniform_range(self, from_, to):
-    """CPU's checks of uniform_'s (static) bounds, in its order: a floating dtype (complex:
-    its real parts), from and to finite in it, from <= to, to - from representable."""
+def _uniform_real_dtype(self):
+    """The floating dtype uniform_'s bounds live in (complex: its real parts), or None where
+    CPU has no kernel or checks no bounds (an empty complex tensor)."""
     real = np.dtype(self.dtype)
     if real.kind == "c":
         if self.size == 0:  # CPU returns before checking a complex tensor's bounds
-            return
+            return None
         real = np.finfo(real).dtype
     if not jnp.issubdtype(real, jnp.floating):
         raise TypeError(f"uniform_ has no kernel for {real.name}")  # CPU: NotImplementedError
+    return real
+
+
+def _check_uniform_range(self, from_, to):
+    """CPU's checks of uniform_'s bounds, in its order: a floating dtype (complex: its real
+    parts), from and to finite in it, from <= to, to - from representable."""
+    real = _uniform_real_dtype(self)
+    if real is None:
+        return
     lowest, largest = float(jnp.finfo(real).min), float(jnp.finfo(real).max)
     if not (lowest <= from_ <= largest and lowest <= to <= largest) or from_ > to or to - from_ > largest:
         raise ValueError(f"uniform_: bounds [{from_}, {to}) out of range for {real.name}")  # CPU says which
 
 
-@lowering(aten.uniform_.default)
+def _uniform_in_range(values) -> bool:
+    """uniform_'s traced bounds, checked on the host against the tensor's dtype."""
+    self = values[0]
+    try:
+        _check_uniform_range(types.SimpleNamespace(dtype=to_jax(self.dtype), size=self.numel()), values[1], values[2])
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+@lowering(aten.uniform_.default, traced=("from", "to"), in_range=_uniform_in_range)
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
-    _check_uniform_range(self, from_, to)
+    """`from` and `to` are traced (layers' init bounds differ): the host checks them (in_range)."""
+    if isinstance(from_, (int, float)) and isinstance(to, (int, float)):
+        _check_uniform_range(self, from_, to)
+    else:
+        _uniform_real_dtype(self)
     u = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
     return (u * (to - from_) + from_).astype(self.dtype)
 
 
-@lowering(aten.bernoulli_.float)
+def _probability(values, position: int) -> bool:
+    """A traced probability's range, checked on the host (CPU torch names the error)."""
+    p = values[position]
+    return isinstance(p, (int, float)) and 0 <= p <= 1
+
+
+@lowering(aten.bernoulli_.float, traced=("p",), in_range=lambda values: _probability(values, 1))
 def bernoulli_(self, p=0.5, *, generator=None):
     return jax.random.bernoulli(key(generator), p, self.shape).astype(self.dtype)
 
@@ -150,12 +187,14 @@ def randperm_generator_out(n, *, generator=None, out):
     return _permutation(generator, n, out.dtype)
 
 
-@lowering(aten.native_dropout.default, random=True)
+@lowering(aten.native_dropout.default, random=True, traced=("p",),
+          in_range=lambda values: not values[2] or _probability(values, 1))
 def native_dropout(input, p, train, *, generator=None):
-    if not train or p == 0:
+    """`p` is traced (a new rate compiles nothing), so p == 0 and p == 1 are jnp.where cases."""
+    if not train:
         return input, jnp.ones(input.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape)
-    scale = jnp.asarray(1.0 / (1.0 - p), input.dtype) if p < 1 else jnp.asarray(0.0, input.dtype)
+    keep = jax.random.bernoulli(key(generator), 1.0 - p, input.shape) | (p == 0)
+    scale = jnp.where(p < 1, 1.0 / jnp.where(p < 1, 1.0 - p, 1.0), 0.0).astype(input.dtype)
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
 
 

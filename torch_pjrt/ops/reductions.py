@@ -9,6 +9,7 @@ jit=False and run on concrete arrays. Lowerings are named after their ops, so `s
 """
 from __future__ import annotations
 import builtins
+import functools
 import math
 
 import jax
@@ -537,15 +538,25 @@ def _pick(x, dim, k, keepdim):
     return out if keepdim else jnp.squeeze(out, dim)
 
 
-@lowering(aten.kthvalue.default)
+def _kth_in_range(values) -> bool:
+    self, k, dim = values[0], values[1], values[2]
+    shape = tuple(self.shape)
+    return 1 <= k <= (shape[dim % len(shape)] if shape else 1)
+
+
+@lowering(aten.kthvalue.default, traced=("k",), in_range=_kth_in_range)
 def kthvalue(self, k, dim=-1, keepdim=False):
+    """`k` is traced (a new k compiles nothing): its range is checked on the host (in_range)."""
     dim = wrap_dim(dim, self.ndim)
     n = self.shape[dim] if self.ndim else 1
-    if not 1 <= k <= n:
+    if isinstance(k, int) and not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
     if self.ndim == 0:
         return self, jnp.zeros((), INT64)
     v, i = sort_along(self, dim, False)
+    if not isinstance(k, int):
+        pick = functools.partial(jax.lax.dynamic_index_in_dim, index=k - 1, axis=dim, keepdims=keepdim)
+        return pick(v), pick(i)
     return _pick(v, dim, k - 1, keepdim), _pick(i, dim, k - 1, keepdim)
 
 

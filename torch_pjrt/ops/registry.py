@@ -7,7 +7,13 @@ exactly as the aten schema orders and names them, with:
     recompile), unless the lowering lists them in `static=`; never branch on them in
     Python, use jnp.where;
   * every other argument (int, int[], float, bool, str, dtype, ...) as a plain Python
-    value, static for the executable.
+    value, static for the executable, unless the lowering lists it in `traced=`: an
+    argument that does not fix an output shape (roll's shifts, tril's diagonal, a scatter's
+    index) arrives as a traced weak JAX scalar (a list of them for int[]), so a new value
+    does not compile again. The lowering then cannot check it in Python; where torch
+    refuses some values, the entry's `in_range` tells eager (on the host, before the call)
+    when to let CPU torch decide the exception. Graphs pass such arguments as JAX scalars
+    too, and lowerings also accept plain Python numbers.
 Random ops take their randomness from a `generator` argument that arrives as a traced
 64-bit seed drawn from the torch generator (ops.random.key turns it into a JAX key).
 It returns a jax array, or a tuple of them for multi-output ops, with exactly the dtype
@@ -89,7 +95,7 @@ class Lowering:
     static: frozenset  # names of Scalar arguments that must be concrete (shape-determining)
     jit: bool  # False: data-dependent output shape, runs op-by-op on concrete arrays
     random: bool  # True: receives `generator=` as a traced 64-bit seed even if the schema has none
-    traced: frozenset  # names of non-Scalar number arguments to trace anyway (a fused optimizer's lr)
+    traced: frozenset  # names of non-Scalar number arguments traced, not static: they fix no output shape
     padding: Padding | None  # how a graph with symbolic sizes runs it padded; None: see not_paddable
     not_paddable: str  # why a graph holding it runs at exact sizes ("" when padding is set)
     index_probes: Callable[[list], Iterator[Probe]] | None  # the index tensors eager checks, from the values
@@ -101,6 +107,10 @@ class Lowering:
     decomposition: Callable | None = None
     tests: TestCases = NO_TEST_CASES  # its tests' special cases
     grows: Callable[[list], object] | None = None  # eager over growing storages: values -> growth.Growth or None
+    # With `traced` arguments torch bounds-checks: values (schema order, Python numbers, tensors
+    # with .shape) -> False where the call may be out of range; eager then lets CPU torch raise
+    # its exception (the lowering never sees a concrete value to check). May be conservative.
+    in_range: Callable[[list], bool] | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -110,7 +120,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              traced: Iterable[str] = (), padding: Padding | None = None, not_paddable: str = "",
              index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
-             tests: TestCases = NO_TEST_CASES, grows: Callable | None = None) -> Callable:
+             tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
+             in_range: Callable | None = None) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -129,7 +140,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                 pad = POINTWISE
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
-                                     jit_for_integer_indices, decomposition, tests, grows)
+                                     jit_for_integer_indices, decomposition, tests, grows, in_range)
         return fn
 
     return register

@@ -122,15 +122,17 @@ def flip(self, dims):
     return jnp.flip(self, tuple(a for a in axes if a < self.ndim)) if axes and self.ndim else self
 
 
-@lowering(aten.roll.default)
+@lowering(aten.roll.default, traced=("shifts",))
 def roll(self, shifts, dims=()):
+    """`shifts` is traced (a new shift compiles nothing): jnp.roll turns traced shifts into a
+    dynamic slice of the doubled axis, wrapping modulo the size as torch does."""
     if not dims:
         if len(shifts) != 1:
             raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:0")
-        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape)
+        return jnp.roll(self.reshape(-1), shifts[0]).reshape(self.shape) if self.size else self
     if len(shifts) != len(dims):
         raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
-    if self.ndim == 0:
+    if self.ndim == 0 or self.size == 0:
         return self
     return jnp.roll(self, tuple(shifts), tuple(wrap_dim(d, self.ndim) for d in dims))
 
@@ -168,18 +170,25 @@ def repeat_interleave_self_int(self, repeats, dim=None, *, output_size=None):
     return jnp.repeat(x, repeats, axis=dim)
 
 
-@lowering(aten.tril.default, padding=Padding("tril"))
+def _keep_triangle(self, diagonal, lower: bool, name: str):
+    """tril/triu with `diagonal` traced (a new diagonal compiles nothing): a mask of iotas."""
+    if self.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    rows, cols = self.shape[-2:]
+    offset = (jax.lax.broadcasted_iota(jnp.int64, (rows, cols), 1)
+              - jax.lax.broadcasted_iota(jnp.int64, (rows, cols), 0))  # col - row
+    keep = offset <= diagonal if lower else offset >= diagonal
+    return jnp.where(keep, self, jnp.zeros((), self.dtype))
+
+
+@lowering(aten.tril.default, padding=Padding("tril"), traced=("diagonal",))
 def tril(self, diagonal=0):
-    if self.ndim < 2:
-        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
-    return jnp.tril(self, diagonal)
+    return _keep_triangle(self, diagonal, True, "tril")
 
 
-@lowering(aten.triu.default, padding=Padding("tril"))
+@lowering(aten.triu.default, padding=Padding("tril"), traced=("diagonal",))
 def triu(self, diagonal=0):
-    if self.ndim < 2:
-        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
-    return jnp.triu(self, diagonal)
+    return _keep_triangle(self, diagonal, False, "triu")
 
 
 # --------------------------------------------------------------------------- padding

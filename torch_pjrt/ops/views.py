@@ -191,11 +191,49 @@ def slice(self, dim=0, start=None, end=None, step=1):  # noqa: A001 (named after
     return jax.lax.slice_in_dim(self, s, e, st, axis=dim) if e > s else self[_along(self.ndim, dim, np.s_[0:0])]
 
 
-@lowering(aten.slice_scatter.default)
+def _slice_length(n: int, start, end, step: int) -> int:
+    s, e, st = slice_bounds(n, start, end, step)
+    return len(range(s, e, st))
+
+
+def _slice_scatter_in_range(values) -> bool:
+    """slice_scatter's src must be as long as the slice (start and end are traced)."""
+    self, src, dim, start, end, step = values
+    shape = tuple(self.shape)
+    if not shape or not tuple(src.shape) or step <= 0:
+        return False  # CPU decides
+    d = dim % len(shape)
+    return len(src.shape) == len(shape) and src.shape[d] == _slice_length(shape[d], start, end, step)
+
+
+def _traced_start(n: int, start):
+    """A slice's start as torch clamps it, on a traced value (None: 0)."""
+    if start is None:
+        return 0
+    if isinstance(start, int):
+        return slice_bounds(n, start, None, 1)[0]
+    start = jnp.where(start < 0, start + n, start)
+    return jnp.clip(start, 0, n)
+
+
+@lowering(aten.slice_scatter.default, traced=("start", "end"), in_range=_slice_scatter_in_range)
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    """`start` and `end` are traced (a loop over starts compiles once): src's size along dim,
+    which the host checks against the slice (in_range), says how many elements are written."""
     dim = wrap_dim(dim, self.ndim)
-    s, e, st = slice_bounds(self.shape[dim], start, end, step)
-    return self.at[_along(self.ndim, dim, np.s_[s:e:st])].set(src.astype(self.dtype))
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    src = src.astype(self.dtype)
+    count = src.shape[dim]
+    if count == 0:
+        return self
+    start = _traced_start(self.shape[dim], start)
+    if step == 1:
+        return jax.lax.dynamic_update_slice_in_dim(self, src, start, axis=dim)
+    span = (count - 1) * step + 1
+    window = jax.lax.dynamic_slice_in_dim(self, start, span, axis=dim)
+    window = window.at[_along(self.ndim, dim, np.s_[::step])].set(src)
+    return jax.lax.dynamic_update_slice_in_dim(self, window, start, axis=dim)
 
 
 def _select_index(self, dim: int, index: int) -> int:
@@ -211,10 +249,21 @@ def select(self, dim, index):
     return jax.lax.index_in_dim(self, _select_index(self, dim, index), axis=dim, keepdims=False)
 
 
-@lowering(aten.select_scatter.default)
+def _index_in_range(sizes, dim: int, index: int) -> bool:
+    sizes = tuple(sizes)
+    return bool(sizes) and -sizes[dim % len(sizes)] <= index < sizes[dim % len(sizes)]
+
+
+@lowering(aten.select_scatter.default, traced=("index",),
+          in_range=lambda values: _index_in_range(values[0].shape, values[2], values[3]))
 def select_scatter(self, src, dim, index):
+    """`index` is traced (a loop over indices compiles once); the host checks its range."""
     dim = wrap_dim(dim, self.ndim)
-    return self.at[_along(self.ndim, dim, _select_index(self, dim, index))].set(src.astype(self.dtype))
+    if isinstance(index, int):
+        index = _select_index(self, dim, index)
+    else:
+        index = jnp.where(index < 0, index + self.shape[dim], index)
+    return jax.lax.dynamic_update_index_in_dim(self, src.astype(self.dtype), index, axis=dim)
 
 
 @lowering(aten.narrow.default, aten.narrow_copy.default)
@@ -359,12 +408,22 @@ def unbind(self, dim=0):
 
 # --------------------------------------------------------------------------- view backward ops
 # AOTAutograd's backward graphs scatter a view's gradient into zeros of the input's size.
-@lowering(aten.slice_backward.default)
+def _slice_backward_in_range(values) -> bool:
+    grad, sizes, dim, start, end, step = values
+    sizes = tuple(sizes)
+    if not sizes or step <= 0 or len(grad.shape) != len(sizes):
+        return False  # CPU decides
+    d = dim % len(sizes)
+    return grad.shape[d] == _slice_length(sizes[d], start, end, step)
+
+
+@lowering(aten.slice_backward.default, traced=("start", "end"), in_range=_slice_backward_in_range)
 def slice_backward(grad_output, input_sizes, dim, start, end, step):
     return slice_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, start, end, step)
 
 
-@lowering(aten.select_backward.default)
+@lowering(aten.select_backward.default, traced=("index",),
+          in_range=lambda values: _index_in_range(values[1], values[2], values[3]))
 def select_backward(grad_output, input_sizes, dim, index):
     return select_scatter(jnp.zeros(tuple(input_sizes), grad_output.dtype), grad_output, dim, index)
 
