@@ -106,6 +106,19 @@ def test_compiled_pjrt_is_the_static_cache_recipe_with_one_executable_per_phase(
     assert row["tokens_equal_cpu_float32"] is True, row["tokens_mismatch"]
 
 
+def test_reduce_overhead_pjrt_runs_the_same_recipe_with_one_executable_per_phase(tmp_path: Path) -> None:
+    """torch.compile(model.forward, backend="pjrt", mode="reduce-overhead") with the static cache."""
+    report = _run(tmp_path, *SMALLEST, "--targets", "pjrt-reduce-overhead", "--modes", "reduce-overhead")
+    (row,) = report["rows"]
+    assert row["status"] == "ok", row["error"]
+    assert (row["target"], row["mode"], row["cache"], row["device"]) == (
+        "pjrt-reduce-overhead", "reduce-overhead", "static", "pjrt")
+    assert row["graphs"] == 2 and row["graph_breaks"] == 0  # prefill and decode
+    assert row["executables_first_pass"] >= 2 and row["executables_timed"] == 0
+    assert row["tokens_equal_cpu_float32"] is True, row["tokens_mismatch"]
+    assert row["fallback_ops"] == {}
+
+
 def test_torchao_int8_weight_only_on_pjrt_and_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torchao")
     report = _run(tmp_path, *SMALLEST, "--targets", "pjrt,cpu", "--quantize", "int8-weight-only")
@@ -158,9 +171,11 @@ def test_json_alone_goes_to_stdout_and_the_table_to_stderr(capsys) -> None:
 
 
 def test_modes_select_targets() -> None:
-    assert bench_llm.llm_targets(["pjrt", "pjrt-compile", "cpu", "inductor"], ["eager"]) == ["pjrt", "cpu"]
-    assert bench_llm.llm_targets(["pjrt", "pjrt-compile", "cpu", "inductor"], ["compiled"]) == [
-        "pjrt-compile", "inductor"]
+    every = ["pjrt", "pjrt-compile", "pjrt-reduce-overhead", "cpu", "inductor"]
+    assert bench_llm.llm_targets(every, ["eager"]) == ["pjrt", "cpu"]
+    assert bench_llm.llm_targets(every, ["compiled"]) == ["pjrt-compile", "inductor"]
+    assert bench_llm.llm_targets(every, ["reduce-overhead"]) == ["pjrt-reduce-overhead"]
+    assert "pjrt-reduce-overhead" in bench_llm.llm_targets(None, None)  # a default target
 
 
 @pytest.mark.parametrize("args, message", [
@@ -170,6 +185,7 @@ def test_modes_select_targets() -> None:
     (["--batch-sizes", "two"], "--batch-sizes: expected comma-separated integers"),
     (["--model", "hf:no-such-model-anywhere"], "not in the Hugging Face cache"),
     (["--targets", "cuda-inductor", "--modes", "eager"], "no target among cuda-inductor runs in mode(s) eager"),
+    (["--targets", "cpu-reduce-overhead"], "unknown target(s) cpu-reduce-overhead"),
 ])
 def test_bad_arguments_exit_2_with_a_message(args, message, capsys) -> None:
     assert main(["bench", "--workload", "llm", *args, "--no-progress"]) == 2

@@ -24,9 +24,10 @@ from torchao.quantization import (  # noqa: E402
     Int8DynamicActivationInt8WeightConfig,
     Int8WeightOnlyConfig,
     IntxWeightOnlyConfig,
+    quant_api,
     quantize_,
 )
-from torchao.quantization.granularity import PerGroup  # noqa: E402
+from torchao.quantization.granularity import PerGroup, PerRow, PerTensor  # noqa: E402
 
 CONFIGS = {
     "int8_weight_only": Int8WeightOnlyConfig,
@@ -90,6 +91,39 @@ def test_cuda_only_configs_refuse_on_cpu_and_pjrt_alike(config):
     for device in ("cpu", "pjrt"):
         with pytest.raises((AssertionError, ImportError)):
             quantize_(linear_stack().to(device), config())
+
+
+def test_float8_dynamic_refuses_in_torchaos_hardware_check():
+    """The refusal is torchao.float8.inference._check_hardware_support, called by quantize_
+    for PerTensor/PerRow granularity: it asserts CUDA capability >= 8.9, MI300+ or XPU."""
+    with pytest.raises(AssertionError, match="requires CUDA compute capability"):
+        quantize_(linear_stack().to("pjrt"), Float8DynamicActivationFloat8WeightConfig())
+
+
+@pytest.mark.parametrize("granularity, dtype", [(PerTensor(), torch.float32), (PerRow(), torch.bfloat16)],
+                         ids=["per_tensor_float32", "per_row_bfloat16"])
+def test_float8_dynamic_runs_once_the_hardware_check_is_lifted(monkeypatch, granularity, dtype):
+    """Everything after that check is torchao's own code and runs on pjrt: activations
+    quantized per call, and the product as aten._scaled_mm (tensor-wise or row-wise scales),
+    eager and compiled, equal to torchao on the CPU (whose _scaled_mm runs the same math),
+    with no CPU fallback. (PerRow needs bfloat16 weights: torchao's rule.)"""
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    model = linear_stack().to(dtype)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=granularity)
+    cpu, on_pjrt = copy.deepcopy(model), copy.deepcopy(model).to("pjrt")
+    quantize_(cpu, config)
+    quantize_(on_pjrt, config)
+    assert on_pjrt[0].weight.qdata.dtype == torch.float8_e4m3fn and on_pjrt[0].weight.act_quant_kwargs is not None
+    x = torch.randn(4, 64).to(dtype)
+    fallbacks = dict(torch_pjrt.fallback_ops())
+    with torch.no_grad():
+        expected = cpu(x)
+        eager = on_pjrt(x.to("pjrt"))
+        compiled = torch.compile(on_pjrt, backend="pjrt")(x.to("pjrt"))
+    for out in (eager, compiled):
+        torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert torch_pjrt.fallback_ops() == fallbacks
+    assert compile_stats()["executables"] >= 1
 
 
 def test_int_mm_matches_cpu():

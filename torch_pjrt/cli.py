@@ -178,7 +178,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                              "MODULE may be a dotted name or path/to/file.py (repeatable); with "
                              "--workload llm: hf:<directory | model type | cached model name>")
     parser.add_argument("--modes", help="comma-separated: train,infer (default: both); with "
-                                        "--workload llm: eager,compiled")
+                                        "--workload llm: eager,compiled,reduce-overhead")
     llm = parser.add_argument_group("--workload llm")
     llm.add_argument("--batch-sizes", help="comma-separated batch sizes (default 1)")
     llm.add_argument("--prompt-lengths", help="comma-separated prompt lengths in tokens (default 32)")
@@ -188,7 +188,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     llm.add_argument("--quantize", choices=("int8-weight-only", "int8-dynamic"),
                      help="torchao config applied on every target (and to the CPU reference)")
     parser.add_argument("--targets", help="comma-separated: pjrt,pjrt-compile,cpu,inductor,cuda,"
-                                          "cuda-inductor (default: all available)")
+                                          "cuda-inductor (default: all available); with --workload llm "
+                                          "also pjrt-reduce-overhead, cuda-reduce-overhead")
     parser.add_argument("--steps", type=int, help="timed steps per row (default 30, --quick 8; "
                                                   "llm: timed passes, default 3)")
     parser.add_argument("--warmup", type=int, help="warm-up steps per row, the first compiles "

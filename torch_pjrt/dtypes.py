@@ -71,6 +71,34 @@ def to_torch(dtype) -> torch.dtype:
     return JAX_TO_TORCH[np.dtype(dtype)]
 
 
+def c10_name(dtype: torch.dtype) -> str:
+    """The dtype as torch's C++ messages name it (c10::ScalarType: Float, Long, Float8_e4m3fn)."""
+    name = _C10_NAMES.get(dtype)
+    if name is None and str(dtype).startswith("torch.float8_"):
+        name = "Float8_" + str(dtype)[len("torch.float8_"):]
+    return name or str(dtype)
+
+
+_C10_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+              torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.int16: "Short",
+              torch.int8: "Char", torch.uint8: "Byte", torch.complex64: "ComplexFloat",
+              torch.complex128: "ComplexDouble"}
+
+FLOAT8 = frozenset(v for k, v in TORCH_TO_JAX.items() if str(k).startswith("torch.float8_"))  # c10's isFloat8Type
+_E4M3FN = TORCH_TO_JAX.get(getattr(torch, "float8_e4m3fn", None))
+
+
+def astype(x, dtype):
+    """`x.astype(dtype)` as torch converts: to float8_e4m3fn torch saturates at its largest
+    finite value (+-448, infinities included) where XLA gives NaN; NaN stays NaN."""
+    dtype = np.dtype(dtype)
+    if dtype == _E4M3FN and np.dtype(x.dtype) != dtype and np.dtype(x.dtype).kind in "fiu":
+        if np.dtype(x.dtype).kind in "iu":
+            x = x.astype(np.float32)
+        x = x.clip(-448, 448)
+    return x.astype(dtype)
+
+
 @functools.lru_cache(None)
 def is_index_dtype(dtype) -> bool:
     """A JAX dtype of index tensors, not of masks (torch treats bool and uint8 ones as masks)."""

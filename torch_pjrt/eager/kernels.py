@@ -23,7 +23,7 @@ from ..runtime import index_checks as bounds, platform, storage
 
 from . import errors, stats
 from ..runtime.build import load as _load_runtime
-from ..dtypes import TORCH_TO_JAX, to_jax, to_torch
+from ..dtypes import TORCH_TO_JAX, c10_name, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
 from ..ops.growth import Growth, PaddedOperand
 from ..ops.registry import LOWERINGS, Lowering
@@ -248,16 +248,9 @@ _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
 def _check_castable(op, result_dtype, out: torch.Tensor):
     if not torch.can_cast(result_dtype, out.dtype):
         raise RuntimeError(
-            f"{errors.op_label(op)}: result type {_torch_name(result_dtype)} can't be cast to the desired output type "
-            f"{_torch_name(out.dtype)}"
+            f"{errors.op_label(op)}: result type {c10_name(result_dtype)} can't be cast to the desired output type "
+            f"{c10_name(out.dtype)}"
         )
-
-
-def _torch_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
-            torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.int16: "Short",
-            torch.int8: "Char", torch.uint8: "Byte", torch.complex64: "ComplexFloat",
-            torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
 
 
 def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:

@@ -11,7 +11,7 @@ import jax
 import torch
 
 from ..runtime import index_checks as bounds, platform, storage
-from ..dtypes import to_jax
+from ..dtypes import astype, to_jax
 
 aten = torch.ops.aten
 
@@ -80,7 +80,7 @@ def _convert(value, dtype):
 
 @functools.lru_cache(None)
 def _converter(dtype):
-    return jax.jit(lambda v: v.astype(dtype))
+    return jax.jit(lambda v: astype(v, dtype))
 
 
 def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
-from ..dtypes import to_jax, to_torch
+from ..dtypes import astype, to_jax, to_torch
 
 _PY_SCALAR = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
@@ -47,7 +47,7 @@ def cast(x, dtype):
         return jnp.asarray(x, dtype=dtype)
     if x.dtype == dtype and not getattr(x, "weak_type", False):
         return x
-    y = jax.lax.convert_element_type(x, dtype)
+    y = astype(x, dtype)
     if x.dtype == np.bool_ and np.dtype(dtype).kind in "fc":
         # XLA's simplifier rewrites convert(pred) * y and convert(pred) / y as select(pred, ., 0),
         # which loses False * inf = NaN and False / 0 = NaN; the barrier keeps the arithmetic.

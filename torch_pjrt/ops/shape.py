@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from ..dtypes import to_jax
+from ..dtypes import astype, to_jax
 from . import core
 from .growth import Growth, PaddedOperand
 from .promotion import default_float, promote
@@ -53,7 +53,7 @@ def convert(x, dtype):
         x = jnp.real(x)
     if dtype == np.bool_:
         return x != 0
-    return jax.lax.convert_element_type(x, dtype)
+    return astype(x, dtype)
 
 
 def filled(shape, value, dtype):

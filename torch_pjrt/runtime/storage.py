@@ -30,7 +30,7 @@ import torch
 
 from . import index_checks as bounds, platform
 from .build import load as _load_runtime
-from ..dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, to_torch
+from ..dtypes import JAX_TO_TORCH, TORCH_TO_JAX, astype, to_jax, to_torch
 
 _rt = _load_runtime()
 _rt.set_dtype_map(JAX_TO_TORCH)
@@ -526,7 +526,7 @@ def _unbit(conj: bool, neg: bool):
 
 @functools.lru_cache(1024)
 def _converter(shape, dtype):
-    return jax.jit(lambda v: jnp.broadcast_to(jnp.asarray(v).astype(dtype), shape))
+    return jax.jit(lambda v: jnp.broadcast_to(astype(jnp.asarray(v), dtype), shape))
 
 
 @functools.lru_cache(4096)
@@ -536,7 +536,7 @@ def _writer(size, stride, buf_shape, dtype, donate):
     contiguous = _is_contiguous(size, stride)
 
     def write_view(buf, value, offset):
-        value = jnp.broadcast_to(jnp.asarray(value).astype(dtype), size)
+        value = jnp.broadcast_to(astype(jnp.asarray(value), dtype), size)
         flat = buf.reshape(-1)
         if contiguous:
             flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))

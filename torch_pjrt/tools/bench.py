@@ -264,7 +264,9 @@ def user_loss(out):
 # ------------------------------------------------------------------------------------
 def target_device(target: str) -> str:
     return {"pjrt": "pjrt", "pjrt-compile": "pjrt", "cpu": "cpu", "inductor": "cpu",
-            "cuda": "cuda", "cuda-inductor": "cuda"}[target]
+            "cuda": "cuda", "cuda-inductor": "cuda",
+            # --workload llm's compiled targets with mode="reduce-overhead"
+            "pjrt-reduce-overhead": "pjrt", "cuda-reduce-overhead": "cuda"}[target]
 
 
 def available_targets() -> list[str]:

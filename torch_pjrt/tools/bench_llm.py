@@ -18,6 +18,9 @@ Modes, as a user of transformers would run them:
               length is a new shape, so eager pjrt compiles executables on the first pass
     compiled  HF's documented static-cache recipe: a StaticCache of prompt + new tokens and
               torch.compile(model.forward, backend=...) (pjrt for pjrt, inductor otherwise)
+    reduce-overhead  the same recipe with torch.compile(..., mode="reduce-overhead"): on
+              pjrt the same executables with a leaner per-call path, on CUDA inductor's CUDA
+              graphs (no CPU peer: inductor's reduce-overhead is CUDA graphs, nothing on a CPU)
 
 A pass is one whole generation. The first `warmup` passes of every shape are warm-up: the
 first one is reported apart (first_pass_*), none is in the p50/p95, and their excess over a
@@ -48,9 +51,12 @@ import torch
 
 from torch_pjrt.tools import bench
 
-LLM_MODES = ("eager", "compiled")
-# the compiled peer of each eager target; a row's mode is read from its target
-COMPILED_TARGET = {"pjrt": "pjrt-compile", "cpu": "inductor", "cuda": "cuda-inductor"}
+LLM_MODES = ("eager", "compiled", "reduce-overhead")
+# every target of --workload llm and its mode; a row's mode is read from its target
+TARGET_MODES = {"pjrt": "eager", "cpu": "eager", "cuda": "eager",
+                "pjrt-compile": "compiled", "inductor": "compiled", "cuda-inductor": "compiled",
+                "pjrt-reduce-overhead": "reduce-overhead", "cuda-reduce-overhead": "reduce-overhead"}
+LLM_TARGETS = tuple(TARGET_MODES)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # --quantize: torchao configs, applied with torchao.quantization.quantize_ after the model is on its device
 QUANTIZATIONS = {"int8-weight-only": "Int8WeightOnlyConfig",
@@ -274,7 +280,7 @@ class TargetRun:
     def __init__(self, target: str, lm: CausalLM, dtype: torch.dtype, quantization: str | None):
         self.target = target
         self.device = bench.target_device(target)
-        self.mode = "eager" if target in COMPILED_TARGET else "compiled"
+        self.mode = TARGET_MODES[target]
         self.cache = "dynamic" if self.mode == "eager" else "static"
         self.error: str | None = bench._target_unavailable(target)
         self.unavailable = self.error is not None
@@ -288,7 +294,7 @@ class TargetRun:
             self.params = sum(p.numel() for p in model.parameters())
             self.model = quantize(model.to(dtype=dtype, device=self.device).eval(), quantization)
             self.weights_bytes = sum(tensor_bytes(p) for p in self.model.parameters())
-            self.forward = self._compiled_forward() if self.mode == "compiled" else self.model.forward
+            self.forward = self.model.forward if self.mode == "eager" else self._compiled_forward()
         except Exception as error:  # noqa: BLE001  (a failing target is a result)
             self._fail(error)
             self.build_error = self.error
@@ -299,12 +305,13 @@ class TargetRun:
             self.error = self.build_error
 
     def _compiled_forward(self):
-        # HF's static-cache recipe compiles model.forward; the backend is the target's
-        if self.target == "pjrt-compile":
+        # HF's static-cache recipe compiles model.forward; the backend and mode are the target's
+        mode = "reduce-overhead" if self.mode == "reduce-overhead" else None
+        if self.device == "pjrt":
             import torch_pjrt.compiler  # noqa: F401  (registers the Dynamo backend "pjrt")
 
-            return torch.compile(self.model.forward, backend="pjrt")
-        return torch.compile(self.model.forward, backend="inductor")
+            return torch.compile(self.model.forward, backend="pjrt", mode=mode)
+        return torch.compile(self.model.forward, backend="inductor", mode=mode)
 
     def _fail(self, error: BaseException) -> None:
         self.error = bench._error_text(error)
@@ -361,7 +368,7 @@ def _row(run: TargetRun, workload: str, dtype_name: str, quantization: str | Non
         after = bench._fallback_counts()
         row["fallback_ops"] = {op: n - run.fallback_before.get(op, 0) for op, n in after.items()
                                if n > run.fallback_before.get(op, 0)}
-    if run.mode == "compiled":
+    if run.mode != "eager":
         row["graphs"], row["graph_breaks"] = run.graphs, run.graph_breaks
         if run.ok and run.graphs == 0:
             run.error = "RuntimeError: torch.compile compiled no graph: the model ran eagerly"
@@ -415,14 +422,20 @@ def llm_targets(targets: Sequence[str] | None, modes: Sequence[str] | None) -> l
     bad = [m for m in modes if m not in LLM_MODES]
     if bad:
         raise ValueError(f"unknown mode(s) {', '.join(bad)} for --workload llm; choose from {', '.join(LLM_MODES)}")
-    chosen = bench._split(targets) or bench.available_targets()
-    bad = [t for t in chosen if t not in bench.TARGETS]
+    chosen = bench._split(targets) or available_llm_targets()
+    bad = [t for t in chosen if t not in LLM_TARGETS]
     if bad:
-        raise ValueError(f"unknown target(s) {', '.join(bad)}; choose from {', '.join(bench.TARGETS)}")
-    picked = [t for t in chosen if ("eager" if t in COMPILED_TARGET else "compiled") in modes]
+        raise ValueError(f"unknown target(s) {', '.join(bad)}; choose from {', '.join(LLM_TARGETS)}")
+    picked = [t for t in chosen if TARGET_MODES[t] in modes]
     if not picked:
         raise ValueError(f"no target among {', '.join(chosen)} runs in mode(s) {', '.join(modes)}")
     return picked
+
+
+def available_llm_targets() -> list[str]:
+    """The shared bench's available targets, each followed by its reduce-overhead twin where it has one."""
+    twins = {"pjrt-compile": "pjrt-reduce-overhead", "cuda-inductor": "cuda-reduce-overhead"}
+    return [name for t in bench.available_targets() for name in (t, twins.get(t)) if name]
 
 
 def _positive_ints(values, name: str) -> list[int]:
@@ -568,7 +581,9 @@ def render(report: dict, console=None) -> None:
         table.add_row(*row)
     console.print(table)
     console.print("modes: eager = model.forward with the dynamic cache; compiled = static cache + "
-                  "torch.compile(model.forward) (pjrt backend on pjrt, inductor elsewhere).", highlight=False)
+                  "torch.compile(model.forward) (pjrt backend on pjrt, inductor elsewhere); reduce-overhead = the "
+                  "same with mode=\"reduce-overhead\" (pjrt: a leaner per-call path; CUDA: CUDA graphs).",
+                  highlight=False)
     console.print("TTFT: prefill forward + first token's argmax; TPOT: one decode forward with the KV cache + argmax; "
                   "each ends with the device's synchronize. decode tok/s = batch / mean TPOT; out tok/s = "
                   "batch x new tokens / whole generation (prefill included), the base of $/M out. compile s: "
