@@ -14,8 +14,9 @@ Every forward is followed by the device's synchronize while its token is alive
 
 Modes, as a user of transformers would run them:
 
-    eager     model(...) with the default dynamic cache (DynamicCache): every new sequence
-              length is a new shape, so eager pjrt compiles executables on the first pass
+    eager     model(...) with the default dynamic cache (DynamicCache): the cache grows by
+              one position per token; eager pjrt pads it to power-of-two capacities, so its
+              first pass compiles a few executables per capacity (docs/eager.md)
     compiled  HF's documented static-cache recipe: a StaticCache of prompt + new tokens and
               torch.compile(model.forward, backend=...) (pjrt for pjrt, inductor otherwise)
     reduce-overhead  the same recipe with torch.compile(..., mode="reduce-overhead"): on
@@ -587,8 +588,8 @@ def render(report: dict, console=None) -> None:
     console.print("TTFT: prefill forward + first token's argmax; TPOT: one decode forward with the KV cache + argmax; "
                   "each ends with the device's synchronize. decode tok/s = batch / mean TPOT; out tok/s = "
                   "batch x new tokens / whole generation (prefill included), the base of $/M out. compile s: "
-                  "warm-up passes' time minus as many steady passes. first pass: eager pjrt compiles an executable "
-                  "per new sequence length there (dynamic cache); later passes at the same shape reuse them. XLA exe: "
+                  "warm-up passes' time minus as many steady passes. first pass: eager pjrt compiles its executables "
+                  "there (a few per KV-cache capacity: a power of two); later passes at the same shape reuse them. XLA exe: "
                   "first/timed, executables pjrt built (compiled, or loaded from the persistent cache) in the first pass / in all "
                   "timed passes (0: nothing compiled while measuring). = cpu f32: every pass's greedy tokens equal those of "
                   "an untimed torch CPU float32 eager pass.", highlight=False)
