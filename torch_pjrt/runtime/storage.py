@@ -376,7 +376,7 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
         _rt.set_buffer(t, buf, buf.shape, to_torch(buf.dtype))
     if buf is None:
         dtype = to_jax(t.dtype)
-        buf = jnp.full((nbytes // dtype.itemsize,), _uninitialized(dtype), dtype, device=platform.device(t.get_device()))
+        buf = _fresh(nbytes // dtype.itemsize, dtype, _uninitialized(dtype), t.get_device())()
         _rt.set_buffer(t, buf, buf.shape, t.dtype)
     elif buf.size * buf.dtype.itemsize < nbytes:
         grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype, _uninitialized(buf.dtype))(buf)
@@ -391,8 +391,19 @@ def _resolve_padded(padded):
 
 
 @functools.lru_cache(256)
+def _fresh(n: int, dtype, fill, device: int):
+    """jit(() -> fresh memory of n elements on pjrt:device): torch.empty(...).fill_(v) reads
+    its target, and an op-by-op jnp.full costs ten times a cached executable."""
+    sharding = jax.sharding.SingleDeviceSharding(platform.device(device))
+    return jax.jit(lambda: jnp.full((n,), fill, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(256)
 def _grow(old: int, new: int, dtype, fill):
     return jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.full((new - old,), fill, dtype)]))
+
+
+_NAN = float("nan")  # one object: a cache key holding it equals itself
 
 
 def _uninitialized(dtype):
@@ -402,7 +413,7 @@ def _uninitialized(dtype):
         return 0
     dtype = np.dtype(dtype)
     if dtype.kind in "fc":
-        return float("nan")
+        return _NAN
     if dtype == np.bool_:
         return True
     return np.iinfo(dtype).max
