@@ -104,9 +104,9 @@ def subprocess_env(tmp_path):
 
 def test_huggingface_compiled_generate_matches_cpu(tmp_path):
     """HF's compiled generate (static cache, inductor by default) in a fresh process, as a user
-    runs it. (In a process that already ran another compiled graph, the second decode step
-    fails in CompiledGraph's jitted call with 'Execution supplied N arguments but compiled
-    program expected N+k', with backend="pjrt" too: reported to the lead.)"""
+    runs it. (The in-process failure once seen here, 'Execution supplied N arguments but
+    compiled program expected N+k' in a decode step after another compiled graph, was a
+    scalar cache keeping tracers: tests/test_compile_static_cache.py.)"""
     pytest.importorskip("transformers")
     run = subprocess.run([sys.executable, "-c", HF_GENERATE], env=subprocess_env(tmp_path), capture_output=True,
                          text=True, timeout=600)

@@ -35,6 +35,8 @@ def weak_scalar(value):
             array = jnp.asarray(value)
         except OverflowError:  # beyond int64: let JAX report it in the op
             return value
+        if isinstance(array, jax.core.Tracer):
+            return array  # made inside a trace: it belongs to that trace alone (see _fresh_weak_scalar)
         if len(_WEAK_SCALARS) > 4096:
             _WEAK_SCALARS.clear()
         _WEAK_SCALARS[key] = array
@@ -42,9 +44,12 @@ def weak_scalar(value):
 
 
 def _fresh_weak_scalar(value):
-    """A Python number as a new weakly typed JAX scalar, for use inside a trace: a cached
-    array closed over by a trace becomes a hoisted argument of the executable, which JAX's
-    fast path then fails to pass on the next call ("supplied N arguments, expected N+1")."""
+    """A Python number as a new weakly typed JAX scalar, for use inside a trace (the graph
+    interpreter): no cache lookup on a path where the value is staged anyway. A cache must
+    never keep what jnp.asarray returns inside a trace: it is that trace's tracer, and a
+    later trace that meets it (another graph's executable) takes it as an extra input its
+    callers do not pass ("supplied N arguments but compiled program expected N+k");
+    weak_scalar refuses to cache one."""
     if value.__class__ not in (int, float, bool, complex):
         return value
     try:

@@ -361,9 +361,14 @@ def offset_operand(offset):
         return offset  # already traced
     array = _OFFSETS.get(offset)
     if array is None:
+        array = jnp.asarray(offset, jnp.int64)
+        if isinstance(array, jax.core.Tracer):
+            # made inside a trace: cached, that trace's tracer would leak into the next trace,
+            # whose executable would then take it as an input no caller passes
+            return array
         if len(_OFFSETS) > 4096:
             _OFFSETS.clear()
-        array = _OFFSETS[offset] = jnp.asarray(offset, jnp.int64)
+        _OFFSETS[offset] = array
     return array
 
 
