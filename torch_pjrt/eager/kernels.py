@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -142,15 +143,17 @@ class Kernel:
             generator = values[call.generator] if call.generator is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))
         growth = self.lowering.grows(values) if self.lowering.grows is not None else None
-        if growth is not None and not _run_padded(self.op, growth, values, grow):
-            growth = None
+        padded = growth is not None and _run_padded(self.op, growth, values, grow)
         call.prepare(values, seed)
         if device != 0 and not (call.tensors or call.tensor_lists):
             with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
                 return self.run(*values), device
         result = self.run(*values)
-        if growth is not None and growth.length is not None:
-            result = storage.Padded(result.array, result.axis, growth.length)
+        if growth is not None and growth.length is not None and grow:
+            if padded:
+                result = storage.Padded(result.array, result.axis, growth.length)
+            elif type(result) is _ARRAY:
+                _mark_appended(result)
         return result, device
 
     def __call__(self, *args, **kwargs):
@@ -162,13 +165,13 @@ class Kernel:
 
 
 # ------------------------------------------------------------------ growing storages
-_LENGTHS_SEEN: dict = {}  # (op, the base's other sizes, the pieces' shapes, dtype) -> output lengths seen (up to 2)
+_APPENDED: dict = {}  # id(array) -> weakref: exact results of an append, which grow if appended to again
 
 
 def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
     """Give the growing operands to the lowering as PaddedOperands (in `values`); False when
-    this call runs at exact sizes. An output grows from exact operands once a second length
-    shows up for the same other sizes (as Dynamo marks a dim dynamic when it changes)."""
+    this call runs at exact sizes. An append onto the result of an append (a cache's second
+    token) starts padding, so every pass of a loop builds the same executables."""
     current = [_at(values, place) for place in growth.operands]
     if growth.length is None:  # padded operands in, an exact result out (attention over a cache)
         if not all(isinstance(v, storage.Padded) and v.axis == growth.axis for v in current) or \
@@ -181,7 +184,7 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
         capacity = storage.capacity_for(growth.length)
         if isinstance(base, storage.Padded) and base.axis == growth.axis:
             base = base.grown(capacity)
-        elif isinstance(base, jax.Array) and _changed_length(op, growth, values, base):
+        elif isinstance(base, jax.Array) and _was_appended(base):
             base = storage.Padded.of(base, growth.axis, capacity)
         else:
             return False
@@ -191,18 +194,14 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
     return True
 
 
-def _changed_length(op, growth: Growth, values: list, base) -> bool:
-    shape = base.shape
-    pieces = tuple(v.shape for v in _flat(values) if v is not base and hasattr(v, "shape"))
-    key = (op, shape[:growth.axis], shape[growth.axis + 1:], pieces, base.dtype)
-    seen = _LENGTHS_SEEN.get(key)
-    if seen is None:
-        if len(_LENGTHS_SEEN) > 4096:
-            _LENGTHS_SEEN.clear()
-        seen = _LENGTHS_SEEN[key] = set()
-    if len(seen) < 2:
-        seen.add(growth.length)
-    return len(seen) > 1
+def _was_appended(array) -> bool:
+    ref = _APPENDED.get(id(array))
+    return ref is not None and ref() is array
+
+
+def _mark_appended(array) -> None:
+    key = id(array)
+    _APPENDED[key] = weakref.ref(array, lambda _, key=key: _APPENDED.pop(key, None))
 
 
 def _flat(values):
