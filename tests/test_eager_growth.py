@@ -174,3 +174,58 @@ def test_generate_builds_a_bounded_number_of_executables(model):
     torch_pjrt.reset_eager_stats()
     dev.generate(prompt.to("pjrt"), max_new_tokens=64, min_new_tokens=64, **kwargs)
     assert torch_pjrt.eager_stats()["executables"] == 0
+
+
+def _random_view(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """One of the views user code takes: slices with steps, select, transpose, expand,
+    unsqueeze, diagonal, unfold, flatten of leading dims, as_strided inside the tensor."""
+    def r(n):
+        return int(torch.randint(n, (), generator=g))
+
+    kind = r(9)
+    if kind == 0:
+        d = r(t.dim())
+        n = t.shape[d]
+        start = r(n)
+        return t.narrow(d, start, 1 + r(n - start))
+    if kind == 1:
+        d = r(t.dim())
+        return t.select(d, r(t.shape[d]) - t.shape[d])  # negative indices too
+    if kind == 2:
+        return t.transpose(r(t.dim()), r(t.dim()))
+    if kind == 3:
+        return t[:, :, ::2] if t.dim() >= 3 else t[::2]
+    if kind == 4:
+        return t.unsqueeze(0).expand(2, *t.shape)
+    if kind == 5:
+        return t.diagonal(0, -2, -1) if t.dim() >= 2 else t
+    if kind == 6:
+        d = t.dim() - 2
+        return t.unfold(d, 2, 1) if t.shape[d] >= 2 else t
+    if kind == 7:
+        return t.flatten(0, 1) if t.dim() >= 3 else t
+    size = [1 + r(n) for n in t.shape]
+    offset = sum(r(n - s + 1) * st for n, s, st in zip(t.shape, size, t.stride()))
+    return t.as_strided(size, t.stride(), t.storage_offset() + offset)
+
+
+def test_any_view_of_a_growing_tensor_reads_the_same_values_as_cpu():
+    """Views whose geometry carries over to the padded array, and ones that fall back to the
+    exact value, read what CPU torch reads (composed views, random choices, fixed seed)."""
+    g = torch.Generator().manual_seed(7)
+    for case in range(8):
+        dim = (-2, -1, 0, 1)[case % 4]
+        dev, ref = _grow(5 + case, shape=(2, 3, 6, 4), dim=dim, seed=case)
+        assert isinstance(storage.whole_buffer(dev), storage.Padded)
+        for _ in range(12):
+            views = [(dev, ref)]
+            for _ in range(1 + int(torch.randint(3, (), generator=g))):
+                state = g.get_state()
+                dv = _random_view(views[-1][0], g)
+                g.set_state(state)
+                rv = _random_view(views[-1][1], g)
+                views.append((dv, rv))
+            dv, rv = views[-1]
+            assert dv.shape == rv.shape and dv.stride() == rv.stride()
+            assert torch.equal((dv + 0).cpu(), rv + 0), (case, dv.shape, dv.stride(), dv.storage_offset())
+            assert torch.equal(dv.cpu(), rv)

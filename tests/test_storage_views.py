@@ -293,3 +293,17 @@ def test_writes_through_negative_views_and_copies_of_conj_sources():
     host = torch.zeros(2, dtype=torch.complex64)
     host.conj().copy_(source.to(DEV))
     same(host.to(DEV), source.conj().resolve_conj())
+
+
+def test_unfold_is_a_view_writes_go_through_it():
+    """unfold has no composite kernel, only CPU/CUDA ones: pjrt registers its metadata kernel,
+    so the result aliases its input with CPU's strides (it used to be a copy)."""
+    cpu = torch.zeros(4, 5).t()
+    dev = torch.zeros(4, 5, device="pjrt").t()
+    cv, dv = cpu.unfold(0, 2, 1), dev.unfold(0, 2, 1)
+    assert dv.stride() == cv.stride() and dv.storage_offset() == cv.storage_offset()
+    cv[1, 2, 1] = 7.0
+    dv[1, 2, 1] = 7.0
+    assert torch.equal(dev.cpu(), cpu)
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    assert torch.equal(x.to("pjrt").unfold(2, 3, 1).unfold(1, 2, 1).cpu(), x.unfold(2, 3, 1).unfold(1, 2, 1))

@@ -1,5 +1,5 @@
-// Metadata-only kernels (empty, empty_strided, as_strided, view, _reshape_alias, resize_,
-// set_): no data moves, so they never touch Python, except that empty of a dtype JAX
+// Metadata-only kernels (empty, empty_strided, as_strided, view, _reshape_alias, unfold,
+// resize_, set_): no data moves, so they never touch Python, except that empty of a dtype JAX
 // cannot hold raises Python's error (dtypes.raise_unsupported_dtype).
 #include "runtime.h"
 
@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -52,6 +53,12 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::nati
 
 at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
   return at::native::_reshape_alias(self, size, stride);
+}
+
+// unfold is a view with only CPU/CUDA kernels (no composite one): without this it ran as a
+// decomposition into a copy, so writes through it were lost.
+at::Tensor unfold(const at::Tensor& self, int64_t dimension, int64_t size, int64_t step) {
+  return at::native::unfold(self, dimension, size, step);
 }
 
 // Make the storage large enough for the tensor's (new) geometry.
@@ -123,6 +130,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", as_strided);
   m.impl("view", view);
   m.impl("_reshape_alias", reshape_alias);
+  m.impl("unfold", unfold);
   m.impl("resize_", resize_);
   m.impl("set_.source_Storage_storage_offset", set_storage_offset);
   m.impl("set_.source_Storage", set_storage);
