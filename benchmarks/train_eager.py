@@ -2,6 +2,7 @@
 
     python benchmarks/train_eager.py               # markdown table + where pjrt's time goes
     python benchmarks/train_eager.py --threads 1   # steadier CPU numbers on a shared machine
+    TORCH_PJRT_PLATFORM=gpu python benchmarks/train_eager.py --peer cuda   # on a GPU: against torch CUDA eager
 
 Workloads (torch_pjrt.tools.demo_models, the models the demo and the examples train):
   gpt: char GPT, 4 layers, d=128, context 64, batch 8, AdamW + clip_grad_norm_ (DESIGN.md's reference step)
@@ -65,6 +66,8 @@ WORKLOADS = {"gpt": gpt_workload, "cnn": cnn_workload}
 def sync(device):
     if device == "pjrt":
         torch.pjrt.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
 
 
 def step_times(make, device, warmup, steps):
@@ -103,13 +106,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU rows")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     rows, profiles = [], {}
     for name in args.workloads.split(","):
-        cpu, _, _ = step_times(WORKLOADS[name], "cpu", args.warmup, args.steps)
+        cpu, _, _ = step_times(WORKLOADS[name], args.peer, args.warmup, args.steps)
         pjrt, first, step = step_times(WORKLOADS[name], "pjrt", args.warmup, args.steps)
         rows.append((name, cpu, pjrt, first))
         if not args.no_profile:
@@ -117,7 +121,8 @@ def main():
 
     print(f"torch {torch.__version__}, torch CPU threads {torch.get_num_threads()}, "
           f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} steps\n")
-    print("| workload | torch CPU eager (ms/step) | pjrt eager (ms/step) | pjrt / CPU | pjrt first "
+    peer = "CPU" if args.peer == "cpu" else "CUDA"
+    print(f"| workload | torch {peer} eager (ms/step) | pjrt eager (ms/step) | pjrt / {peer} | pjrt first "
           f"{args.warmup} steps (s) |")
     print("|---|---|---|---|---|")
     for name, cpu, pjrt, first in rows:
