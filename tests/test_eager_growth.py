@@ -229,3 +229,29 @@ def test_any_view_of_a_growing_tensor_reads_the_same_values_as_cpu():
             assert dv.shape == rv.shape and dv.stride() == rv.stride()
             assert torch.equal((dv + 0).cpu(), rv + 0), (case, dv.shape, dv.stride(), dv.storage_offset())
             assert torch.equal(dv.cpu(), rv)
+
+
+def test_attention_with_a_mask_over_a_growing_cache_runs_at_exact_sizes():
+    """A mask has the keys' exact length: with one, SDPA reads the cache's exact value."""
+    dev_k, ref_k = _grow(12, shape=(2, 2, 4, 16))
+    q = torch.randn(2, 2, 3, 16)
+    mask = torch.randn(2, 1, 1, ref_k.shape[-2])
+    got = F.scaled_dot_product_attention(q.to("pjrt"), dev_k, dev_k, attn_mask=mask.to("pjrt"))
+    torch.testing.assert_close(got.cpu(), F.scaled_dot_product_attention(q, ref_k, ref_k, attn_mask=mask),
+                               atol=2e-6, rtol=2e-5)
+
+
+def test_batched_generate_with_padding_equals_cpu():
+    """Left-padded prompts pass a mask to attention (transformers packs the query's GQA groups
+    for one token): tokens equal CPU torch's. The mask ops still compile per length."""
+    pytest.importorskip("transformers")
+    from torch_pjrt.tools import bench_llm
+
+    lm = bench_llm.causal_lm(None, 128)
+    cpu, dev = lm.build().eval(), lm.build().to("pjrt").eval()
+    ids = torch.randint(1, 500, (2, 10), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0
+    kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=12, min_new_tokens=12)
+    got = dev.generate(ids.to("pjrt"), attention_mask=mask.to("pjrt"), **kw).cpu()
+    assert torch.equal(got, cpu.generate(ids, attention_mask=mask, **kw))

@@ -104,9 +104,10 @@ def _flash():
 
 
 def _grows(values) -> Growth | None:
-    """Keys and values that grow token by token (a KV cache) arrive padded; the output is exact."""
-    query, key = values[0], values[1]
-    if len(key.shape) < 2 or len(query.shape) != len(key.shape):
+    """Keys and values that grow token by token (a KV cache) arrive padded; the output is exact.
+    A mask over the keys has their exact length, so with one the call runs at exact sizes."""
+    query, key, bias = values[0], values[1], values[3]
+    if len(key.shape) < 2 or len(query.shape) != len(key.shape) or (bias is not None and bias.shape[-1] != 1):
         return None
     return Growth(operands=((1, None), (2, None)), axis=len(key.shape) - 2, length=None)
 
