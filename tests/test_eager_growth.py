@@ -255,3 +255,20 @@ def test_batched_generate_with_padding_equals_cpu():
     kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=12, min_new_tokens=12)
     got = dev.generate(ids.to("pjrt"), attention_mask=mask.to("pjrt"), **kw).cpu()
     assert torch.equal(got, cpu.generate(ids, attention_mask=mask, **kw))
+
+
+def test_sliding_window_generate_equals_cpu():
+    """Mistral's sliding-window cache keeps the last `sliding_window` positions of a growing
+    cache (views of it): tokens equal CPU torch's."""
+    transformers = pytest.importorskip("transformers")
+    from torch_pjrt.tools.bench_llm import TINY_LLAMA
+
+    config = transformers.MistralConfig(**TINY_LLAMA, sliding_window=8, max_position_embeddings=256)
+    torch.manual_seed(0)
+    cpu = transformers.MistralForCausalLM(config).eval()
+    dev = transformers.MistralForCausalLM(config).eval()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("pjrt")
+    ids = torch.randint(1, 500, (1, 12), generator=torch.Generator().manual_seed(1))
+    kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(dev.generate(ids.to("pjrt"), **kw).cpu(), cpu.generate(ids, **kw))
