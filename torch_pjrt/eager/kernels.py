@@ -204,14 +204,6 @@ def _mark_appended(array) -> None:
     _APPENDED[key] = weakref.ref(array, lambda _, key=key: _APPENDED.pop(key, None))
 
 
-def _flat(values):
-    for v in values:
-        if isinstance(v, list):
-            yield from v
-        elif v is not None:
-            yield v
-
-
 def _at(values, place):
     arg, item = place
     return values[arg] if item is None else values[arg][item]

@@ -77,8 +77,9 @@ def _cat_grows(tensors, dim=0) -> Growth | None:
     ndim = len(shapes[0])
     if ndim == 0 or any(len(s) != ndim for s in shapes):
         return None
-    axis = dim % ndim if -ndim <= dim < ndim else dim  # out of range: the lowering raises torch's error
-    if not 0 <= axis < ndim:
+    try:
+        axis = wrap_dim(dim, ndim)
+    except IndexError:  # the lowering raises torch's error
         return None
     return Growth(operands=((0, 0),), axis=axis, length=sum(s[axis] for s in shapes))
 
