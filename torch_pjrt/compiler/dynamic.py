@@ -49,7 +49,7 @@ def parse_buckets(value, explicit: bool = False):
 
 def bucket_of(n: int, buckets) -> int:
     if buckets == "pow2":
-        return 1 << max(n - 1, 0).bit_length()
+        return storage.power_of_two_at_least(n)
     for b in buckets:
         if b >= n:
             return b

@@ -89,10 +89,15 @@ _transpose = jax.jit(jnp.transpose, static_argnums=1)
 MIN_CAPACITY = 16
 
 
+def power_of_two_at_least(n: int) -> int:
+    """The bucket of a size that varies: eager's growing storages and the compiler's pow2 buckets."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def capacity_for(length: int) -> int:
     """The padded extent a growing axis of `length` gets: the next power of two (from 16), so
     a cache growing token by token touches log2(length) capacities."""
-    return max(MIN_CAPACITY, 1 << max(length - 1, 0).bit_length())
+    return max(MIN_CAPACITY, power_of_two_at_least(length))
 
 
 @jax.tree_util.register_pytree_node_class
