@@ -1,7 +1,8 @@
 """Eager per-op overhead: pjrt beside torch CPU and a raw jax.jit call, in one run.
 
     python benchmarks/eager_micro.py            # prints a markdown table
-Each number is the best of 5 repetitions of N calls, in microseconds per call.
+Each number is the best of 5 repetitions of N calls, in microseconds per call; pjrt in both
+eager modes (op by op, fused: then the loop's calls are recorded and run as regions).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
 import jax  # noqa: E402
 import torch  # noqa: E402
 
-import torch_pjrt  # noqa: E402,F401
+import torch_pjrt  # noqa: E402
 from torch_pjrt.runtime import storage  # noqa: E402
 
 
-def per_call_us(fn, n: int = 2000, reps: int = 5) -> float:
+def per_call_us(fn, n: int = 2000, reps: int = 5, sync=None) -> float:
+    """Best of `reps` loops of `n` calls (each loop ends with `sync()`, inside the timing)."""
     for _ in range(200):
         fn()
     best = float("inf")
@@ -27,6 +29,8 @@ def per_call_us(fn, n: int = 2000, reps: int = 5) -> float:
         start = time.perf_counter()
         for _ in range(n):
             fn()
+        if sync is not None:
+            sync()
         best = min(best, (time.perf_counter() - start) / n * 1e6)
     return best
 
@@ -46,26 +50,32 @@ def main() -> None:
     jadd_t = jax.jit(lambda x, y: x.T + y)
     jmul = jax.jit(lambda x: x * 2.5)
     c_cpu, c = a_cpu.clone(), a.clone()
-    rows = [
-        ("16x16 add", per_call_us(lambda: a_cpu + b_cpu), per_call_us(lambda: a + b),
-         per_call_us(lambda: jadd(ja, jb))),
-        ("16x16 add through a.t()", per_call_us(lambda: a_cpu.t() + b_cpu), per_call_us(lambda: a.t() + b),
-         per_call_us(lambda: jadd_t(ja, jb))),
-        ("16x16 mul by a Python number", per_call_us(lambda: a_cpu * 2.5), per_call_us(lambda: a * 2.5),
-         per_call_us(lambda: jmul(ja))),
-        ("16x16 in-place add_", per_call_us(lambda: c_cpu.add_(b_cpu)), per_call_us(lambda: c.add_(b)),
-         per_call_us(lambda: jadd(ja, jb))),
-        ("torch.empty(16, 16)", per_call_us(lambda: torch.empty(16, 16)),
-         per_call_us(lambda: torch.empty(16, 16, device="pjrt")), None),
-        ("copy 16x16 to CPU", per_call_us(lambda: a_cpu.clone()), per_call_us(lambda: a.cpu(), 1000),
-         per_call_us(lambda: jax.device_get(ja), 1000)),
+    cases = [  # (name, torch CPU call, pjrt call, raw jax.jit call)
+        ("16x16 add", lambda: a_cpu + b_cpu, lambda: a + b, lambda: jadd(ja, jb)),
+        ("16x16 add through a.t()", lambda: a_cpu.t() + b_cpu, lambda: a.t() + b, lambda: jadd_t(ja, jb)),
+        ("16x16 mul by a Python number", lambda: a_cpu * 2.5, lambda: a * 2.5, lambda: jmul(ja)),
+        ("16x16 in-place add_", lambda: c_cpu.add_(b_cpu), lambda: c.add_(b), lambda: jadd(ja, jb)),
+        ("torch.empty(16, 16)", lambda: torch.empty(16, 16), lambda: torch.empty(16, 16, device="pjrt"), None),
     ]
-    print("| op | torch CPU (us) | pjrt (us) | raw jax.jit (us) | pjrt / jax.jit |")
-    print("|---|---|---|---|---|")
-    for name, cpu, pjrt, raw in rows:
-        ratio = f"{pjrt / raw:.2f}x" if raw else "-"
+    modes = ("op", "fused")
+    rows = []
+    for name, cpu, pjrt, raw in cases:
+        per_mode = []
+        for mode in modes:  # a loop of N calls, then synchronize: fused mode runs them as regions
+            torch_pjrt.set_eager_mode(mode)
+            per_mode.append(per_call_us(pjrt, sync=torch.pjrt.synchronize))
+        rows.append((name, per_call_us(cpu), *per_mode, per_call_us(raw) if raw else None))
+    torch_pjrt.set_eager_mode("op")
+    rows.append(("copy 16x16 to CPU", per_call_us(lambda: a_cpu.clone()), per_call_us(lambda: a.cpu(), 1000), None,
+                 per_call_us(lambda: jax.device_get(ja), 1000)))
+    print("| op | torch CPU (us) | pjrt op-by-op (us) | pjrt fused (us) | raw jax.jit (us) | op-by-op / jax.jit |")
+    print("|---|---|---|---|---|---|")
+    for name, cpu, op, fused, raw in rows:
+        ratio = f"{op / raw:.2f}x" if raw else "-"
         raw_text = f"{raw:.1f}" if raw else "-"
-        print(f"| {name} | {cpu:.1f} | {pjrt:.1f} | {raw_text} | {ratio} |")
+        fused_text = f"{fused:.1f}" if fused is not None else "- (a host read)"
+        print(f"| {name} | {cpu:.1f} | {op:.1f} | {fused_text} | {raw_text} | {ratio} |")
+    print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     with_autoload, without = import_seconds(True), import_seconds(False)
     print(f"\n`import torch`: {without:.2f} s without autoload, {with_autoload:.2f} s with torch-pjrt autoloaded "
           f"(+{with_autoload - without:.2f} s)")

@@ -8,7 +8,8 @@ Workloads (torch_pjrt.tools.demo_models, the models the demo and the examples tr
   gpt: char GPT, 4 layers, d=128, context 64, batch 8, AdamW + clip_grad_norm_ (DESIGN.md's reference step)
   cnn: two conv + batch-norm + max-pool blocks and an MLP head on 1x16x16 images, batch 32, Adam
 Each number is the median step time over --steps steps after --warmup steps (the first
-compile pjrt's executables); pjrt steps end with torch.pjrt.synchronize().
+compile pjrt's executables), the rows' steps interleaved; pjrt steps end with
+torch.pjrt.synchronize(). pjrt runs in each eager mode of --modes (fused, op).
 """
 from __future__ import annotations
 
@@ -70,20 +71,34 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def step_times(make, device, warmup, steps):
-    step = make(device)
-    start = time.perf_counter()
-    for _ in range(warmup):
-        step()
-    sync(device)
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
+class Runner:
+    """One workload on one device (and, for pjrt, one eager mode), timed step by step."""
+
+    def __init__(self, make, device: str, mode: str | None, warmup: int):
+        self.device, self.mode = device, mode
+        self.enter()
+        self.step = make(device)
+        start = time.perf_counter()
+        for _ in range(warmup):
+            self.step()
         sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), first, step
+        self.first = time.perf_counter() - start
+        self.times: list = []
+
+    def enter(self) -> None:
+        if self.mode is not None:
+            torch_pjrt.set_eager_mode(self.mode)
+
+    def time_one(self) -> None:
+        self.enter()
+        t = time.perf_counter()
+        self.step()
+        sync(self.device)
+        self.times.append(time.perf_counter() - t)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
 
 
 def profile_step(step, device):
@@ -106,30 +121,39 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch.set_num_threads for the CPU rows")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--modes", default="fused,op", help="pjrt eager modes to time (torch_pjrt.set_eager_mode)")
     parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    modes = args.modes.split(",")
     rows, profiles = [], {}
     for name in args.workloads.split(","):
-        cpu, _, _ = step_times(WORKLOADS[name], args.peer, args.warmup, args.steps)
-        pjrt, first, step = step_times(WORKLOADS[name], "pjrt", args.warmup, args.steps)
-        rows.append((name, cpu, pjrt, first))
+        runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup)]
+        runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup) for mode in modes]
+        for _ in range(args.steps):  # interleaved: a load change hits every row alike
+            for runner in runners:
+                runner.time_one()
+        rows.append((name, runners))
         if not args.no_profile:
-            profiles[name] = profile_step(step, "pjrt")
+            runners[1].enter()
+            profiles[name] = profile_step(runners[1].step, "pjrt")
 
+    load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, torch CPU threads {torch.get_num_threads()}, "
-          f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} steps\n")
+          f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} interleaved steps, "
+          f"load average {load:.2f} on {os.cpu_count()} cores\n")
     peer = "CPU" if args.peer == "cpu" else "CUDA"
-    print(f"| workload | torch {peer} eager (ms/step) | pjrt eager (ms/step) | pjrt / {peer} | pjrt first "
-          f"{args.warmup} steps (s) |")
-    print("|---|---|---|---|---|")
-    for name, cpu, pjrt, first in rows:
-        print(f"| {name} | {cpu * 1e3:.1f} | {pjrt * 1e3:.1f} | {pjrt / cpu:.2f}x | {first:.1f} |")
+    print(f"| workload | torch {peer} eager (ms/step) | " + " | ".join(
+        f"pjrt {m} (ms/step) | pjrt {m} / {peer} | pjrt {m} first {args.warmup} steps (s)" for m in modes) + " |")
+    print("|---|---|" + "---|---|---|" * len(modes))
+    for name, (peer_row, *pjrt_rows) in rows:
+        cells = " | ".join(f"{r.median * 1e3:.1f} | {r.median / peer_row.median:.2f}x | {r.first:.1f}" for r in pjrt_rows)
+        print(f"| {name} | {peer_row.median * 1e3:.1f} | {cells} |")
     for name, (ops, top) in profiles.items():
-        pjrt = next(r[2] for r in rows if r[0] == name)
-        print(f"\n{name} on pjrt: {ops} top-level aten calls per step, {pjrt / ops * 1e6:.0f} us per call on average")
+        pjrt = next(r for n, r in rows if n == name)[1].median
+        print(f"\n{name} on pjrt ({modes[0]}): {ops} top-level aten calls per step, {pjrt / ops * 1e6:.0f} us per call on average")
         print("| op | calls | self CPU total (ms) |")
         print("|---|---|---|")
         for e in top:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .version import __version__  # noqa: E402,F401
 __all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", "export", "eager_stats",
-           "reset_eager_stats"]
+           "reset_eager_stats", "eager_mode", "set_eager_mode"]
 
 _ready = False
 
@@ -49,6 +49,12 @@ def _setup() -> None:
     from .eager import fallback, kernels as eager, transfer, view_kernels
 
     eager.register(transfer.kernels() | view_kernels.kernels())
+    from .runtime import fused
+
+    # the end of an optimizer step ends a fused region, so a training step is one region
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda *_: fused.flush("optimizer step"))
     transfer.keep_math_bits()
     transfer.legacy_serialization_through_cpu()  # torch.save(..., _use_new_zipfile_serialization=False)
     transfer.print_through_host()  # repr/print: one host copy, no executables
@@ -157,6 +163,23 @@ def eager_stats() -> dict:
     from .eager.stats import eager_stats as snapshot
 
     return snapshot()
+
+
+def eager_mode() -> str:
+    """"fused" (eager calls are recorded and run as regions, runtime/fused.py) or "op" (one
+    executable per call). TORCH_PJRT_EAGER sets it at start; deterministic mode runs op by op."""
+    from .runtime import fused
+
+    return "fused" if fused.enabled else "op"
+
+
+def set_eager_mode(mode: str) -> None:
+    """Switch eager execution to "fused" or "op" from now on; recorded work runs first."""
+    if mode not in ("fused", "op"):
+        raise ValueError(f"eager mode must be 'fused' or 'op', not {mode!r}")
+    from .runtime import fused
+
+    fused.set_enabled(mode == "fused")
 
 
 def reset_eager_stats() -> None:

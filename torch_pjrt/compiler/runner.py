@@ -25,7 +25,7 @@ import torch
 from jax.sharding import SingleDeviceSharding
 
 from ..dtypes import to_jax
-from ..runtime import platform, storage
+from ..runtime import fused, platform, storage
 from ..runtime.build import load as _load_runtime
 from . import stats
 from ..eager.graph import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, signature
@@ -101,6 +101,8 @@ class GraphRunner:
         for i in self.pjrt_inputs:
             buf = whole_buffer(tensors[i])
             inputs[i] = buf if buf is not None else storage.read_lazily(tensors[i])
+        if fused.enabled:  # a compiled graph runs now, on arrays (pending ones run their region first)
+            inputs = fused.concrete(inputs)
         for i in self.cpu_inputs:
             inputs[i] = jax.device_put(storage.to_numpy(tensors[i]), self.jax_device)
         for i in self.int_inputs:

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..ops.registry import LOWERINGS
 from ..ops.signature import Signature
 from ..runtime import platform, storage
+from ..runtime.fused import Recordable
 from .graph import GraphProgram, signature
 
 NOT_TRACED = object()
@@ -93,7 +94,7 @@ class _Program:
             arrays, new_values = program.function((), program.constants, *inputs)
             return storage.laid_out(tuple(arrays), self.metas), new_values
 
-        self.run = jax.jit(run)
+        self.run = Recordable(jax.jit(run), name=f"{op} (decomposed)")
         self.sig = Signature.of(op)  # a return that is a written argument (op_, out=) returns that argument
 
     def __call__(self, args, kwargs):

@@ -4,7 +4,8 @@ For every lowering the table holds, this module registers a kernel for the funct
 overload and derives the in-place (`op_`) and `out=` overloads from it. A kernel binds
 the dispatcher's arguments to the schema, checks devices as CUDA does, reads tensors
 as JAX arrays (storage.read), calls the op's cached executable and wraps the results
-(or writes them back for in-place and out= overloads).
+(or writes them back for in-place and out= overloads). In fused mode (runtime/fused.py) the
+call is recorded instead, and the results are pending values.
 
 Ops the table lacks go to `fallback.py` (decomposition, else a loud CPU fallback).
 """
@@ -13,14 +14,14 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import index_checks as bounds, platform, storage
+from ..runtime import fused, index_checks as bounds, platform, storage
+from ..runtime.fused import Pending, Recordable
 
 from . import errors, stats
 from ..runtime.build import load as _load_runtime
@@ -67,7 +68,7 @@ def _operand(op, arg: str, t: torch.Tensor, device: int | None):
 
 
 def _wrap(result, device: int):
-    if isinstance(result, (jax.Array, storage.Permuted, storage.Padded)):
+    if isinstance(result, (jax.Array, Pending, storage.Permuted, storage.Padded)):
         return storage.wrap(result, device)
     if isinstance(result, (tuple, list)):
         return type(result)(_wrap(r, device) for r in result)
@@ -82,7 +83,8 @@ class Kernel:
         self.lowering = lowering
         self.call = call = OpCall.of(lowering)
         self.sig = call.sig
-        self.run = call.executable(traced=_traced_call)
+        self.executable = call.executable(traced=_traced_call)
+        self.run = Recordable(self.executable, call.static, name=errors.op_label(self.op), jit=lowering.jit)
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
@@ -146,26 +148,28 @@ class Kernel:
         padded = growth is not None and _run_padded(self.op, growth, values, grow)
         call.prepare(values, seed)
         if device != 0 and not (call.tensors or call.tensor_lists):
+            if fused.active():
+                return fused.record(self.run, tuple(values), device), device
             with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
                 return self.run(*values), device
         result = self.run(*values)
         if growth is not None and growth.length is not None and grow:
             if padded:
                 result = storage.Padded(result.array, result.axis, growth.length)
-            elif type(result) is _ARRAY:
+            elif type(result) in _VALUES:
                 _mark_appended(result)
         return result, device
 
     def __call__(self, *args, **kwargs):
         result, device = self.compute(args, kwargs, grow=True)
-        if type(result) is _ARRAY:  # the common case, without isinstance's ABC machinery
+        if type(result) in _VALUES:  # the common case, without isinstance's ABC machinery
             return storage.wrap(result, device)
         return _wrap(result, device)
 
 
 
 # ------------------------------------------------------------------ growing storages
-_APPENDED: dict = {}  # id(array) -> weakref: exact results of an append, which grow if appended to again
+# The exact results of an append are tagged "appended" (fused.mark): appended to again, they grow.
 
 
 def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
@@ -184,7 +188,7 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
         capacity = storage.capacity_for(growth.length)
         if isinstance(base, storage.Padded) and base.axis == growth.axis:
             base = base.grown(capacity)
-        elif isinstance(base, jax.Array) and _was_appended(base):
+        elif type(base) in _VALUES and _was_appended(base):
             base = storage.Padded.of(base, growth.axis, capacity)
         else:
             return False
@@ -195,13 +199,11 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
 
 
 def _was_appended(array) -> bool:
-    ref = _APPENDED.get(id(array))
-    return ref is not None and ref() is array
+    return fused.marked(array, "appended")
 
 
 def _mark_appended(array) -> None:
-    key = id(array)
-    _APPENDED[key] = weakref.ref(array, lambda _, key=key: _APPENDED.pop(key, None))
+    fused.mark(array, "appended")
 
 
 def _at(values, place):
@@ -234,6 +236,7 @@ _concrete: dict = {}
 
 
 _ARRAY = type(jnp.zeros(()))  # jax's concrete array class
+_VALUES = (_ARRAY, Pending)  # what an executable's (or a recorded call's) plain output is
 
 
 def _check_castable(op, result_dtype, out: torch.Tensor):
@@ -442,7 +445,8 @@ def register(special: dict) -> None:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
     _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.view_of,
-                          TORCH_TO_JAX)
+                          Pending, TORCH_TO_JAX)
+    _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)
 
@@ -463,8 +467,8 @@ def _install(op, kernel) -> None:
         kinds, store = kernel.functional.call.fast_plan(), functools.partial(_store, op, resize=False)
     namespace = op._schema.name.split("::")[0]
     if kinds is not None and not FAST_PATH_DISABLED:
-        run = kernel.run if store is None else kernel.functional.run
-        _rt.register_fast_kernel(namespace, _name(op), run, kernel, store, kinds)
+        functional = kernel if store is None else kernel.functional
+        _rt.register_fast_kernel(namespace, _name(op), functional.executable, functional.run, kernel, store, kinds)
     else:
         if namespace not in _LIBRARIES:
             _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")

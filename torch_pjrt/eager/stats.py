@@ -72,9 +72,13 @@ def traced(op, names, values) -> None:
 def eager_stats() -> dict:
     """A snapshot: executables traced per op, their total, compile seconds and persistent
     cache hits of this process (the last two count every executable, compiled graphs too),
-    and which arguments changed between an op's executables."""
+    which arguments changed between an op's executables, and fused mode's regions
+    (runtime/fused.py: regions, ops per region, compiles and cache hits, why regions ended)."""
+    from ..runtime import fused
+
     with _lock:
         return {
+            "fused": fused.stats(),
             "executables": sum(_by_op.values()),
             "by_op": dict(_by_op.most_common()),
             "changing_arguments": {str(op): dict(c) for op, c in _changing.items()},
@@ -83,6 +87,9 @@ def eager_stats() -> dict:
 
 
 def reset_eager_stats() -> None:
+    from ..runtime import fused
+
+    fused.reset_stats()
     with _lock:
         _by_op.clear()
         _last.clear()

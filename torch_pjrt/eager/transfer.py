@@ -11,6 +11,7 @@ import jax
 import torch
 
 from ..runtime import index_checks as bounds, platform, storage
+from ..runtime.fused import Recordable
 from ..dtypes import astype, to_jax
 
 aten = torch.ops.aten
@@ -23,9 +24,10 @@ def _is_pjrt(t: torch.Tensor) -> bool:
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """dst.copy_(src) where either side is on pjrt (host<->pjrt, pjrt:i<->pjrt:j)."""
     if _is_pjrt(src) and _is_pjrt(dst):
-        value = storage.read(src)
         if src.get_device() != dst.get_device():
-            value = jax.device_put(value, platform.device(dst.get_device()))
+            value = jax.device_put(storage.read(src), platform.device(dst.get_device()))
+        else:
+            value = storage.read_deferred(src)
         storage.write(dst, value)
     elif _is_pjrt(dst):
         if src.device.type != "cpu":
@@ -52,9 +54,10 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
         perm = storage.layout_of(self, memory_format)  # torch keeps a dense layout (channels_last) by default
         uploaded_in_layout = False
         if _is_pjrt(self):
-            value = storage.read(self)
             if index != self.get_device():
-                value = jax.device_put(value, platform.device(index))
+                value = jax.device_put(storage.read(self), platform.device(index))
+            else:
+                value = storage.read_deferred(self)
         else:  # host -> pjrt (the dispatcher routes by the target device too), in the layout's order if any
             host = self.cpu()
             uploaded_in_layout = perm is not None
@@ -80,7 +83,7 @@ def _convert(value, dtype):
 
 @functools.lru_cache(None)
 def _converter(dtype):
-    return jax.jit(lambda v: astype(v, dtype))
+    return Recordable(jax.jit(lambda v: astype(v, dtype)), name="_to_copy")
 
 
 def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
@@ -89,7 +92,7 @@ def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
     buf = storage.whole_buffer(self)
     if buf is not None and memory_format in (None, torch.preserve_format, torch.contiguous_format):
         return storage.wrap(buf, self.get_device())
-    return storage.wrap_laid_out(storage.read(self), self.get_device(), storage.layout_of(self, memory_format))
+    return storage.wrap_laid_out(storage.read_deferred(self), self.get_device(), storage.layout_of(self, memory_format))
 
 
 def local_scalar_dense(self: torch.Tensor):

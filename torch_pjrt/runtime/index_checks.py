@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
+from . import fused
 from ..dtypes import is_index_dtype
 
 
@@ -35,13 +36,15 @@ def _first_out_of_range(negative_ok: bool):
     would be a host-to-device copy per call."""
 
     def find(index, size, seen):
+        if hasattr(index, "resolve"):  # a strided view: resolved here, not op by op
+            index = index.resolve()
         flat = index.reshape(-1).astype(jnp.int64)
         bad = (flat >= size) | (flat < (-size if negative_ok else 0))
         position = jnp.argmax(bad)
         found = jnp.any(bad)
         return found if seen is None else seen | found, found, position, flat[position]
 
-    return jax.jit(find, static_argnums=1)
+    return fused.Recordable(jax.jit(find, static_argnums=1), static=(1,), name="index check")
 
 
 _lock = threading.Lock()
@@ -57,8 +60,6 @@ def check(op, probes: Callable[[list], Iterator[tuple]], values: list, device: i
     for index, size, negative_ok, error in probes(values):
         if index is None or not is_index_dtype(index.dtype) or math.prod(index.shape) == 0:
             continue
-        if hasattr(index, "resolve"):
-            index = index.resolve()
         find = _first_out_of_range(negative_ok)
         if synchronous:
             _raise_first([(*find(index, size, None)[1:], error, None)])
@@ -95,12 +96,13 @@ def raise_pending() -> None:
         seen, queued = list(_seen.values()), _queued[:]
         _seen.clear()
         _queued.clear()
-    if any(jax.device_get(seen)):
+    if any(jax.device_get(fused.concrete(seen))):
         _raise_first(queued)
 
 
 def _raise_first(checks: list) -> None:
     for found, position, value, error, op in checks:
+        found, position, value = fused.concrete((found, position, value))
         if jax.device_get(found):
             # No local holds the exception: a frame <-> traceback cycle would keep the frames
             # alive until the next gc, and torch's tensor printing holds a guard that

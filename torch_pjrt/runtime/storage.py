@@ -10,6 +10,9 @@ shape is whatever produced it; its dtype may differ from a tensor's after view(d
 * `write(t, value)` is a functional update that swaps the storage's buffer, so every
   view of the storage sees it. The old buffer is donated when the storage is its only
   owner, which keeps in-place updates O(written bytes) where XLA allows.
+* In fused eager mode (fused.py) a buffer may be a `Pending` value: every executable here is
+  a `Recordable`, so reads and writes of pending storages are recorded into the region too;
+  `read` and `download` need arrays, and run the region.
 * A storage that grows along one axis (a KV cache `cat` token by token) may hold a `Padded`
   buffer: its physical array is longer than the tensor along that axis, so the ops that know
   how (their entry's `grows` trait) run one executable per capacity, not per length. Every
@@ -28,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from . import index_checks as bounds, platform
+from . import fused, index_checks as bounds, platform
+from .fused import Pending, Recordable
 from .build import load as _load_runtime
 from ..dtypes import JAX_TO_TORCH, TORCH_TO_JAX, astype, to_jax, to_torch
 
@@ -45,14 +49,19 @@ def wrap(array, device: int) -> torch.Tensor:
     """A new pjrt tensor on `device` that owns `array`: contiguous, or for a Permuted result
     the permutation of its physical array that has torch's strides."""
     if isinstance(array, Padded):
-        _recent.append(array.array)
+        _note_recent(array.array)
         return _rt.wrap(array, list(array.shape), to_torch(array.dtype), device)
     if isinstance(array, Permuted):
         physical = array.array
-        _recent.append(physical)
+        _note_recent(physical)
         return _rt.wrap_array(physical, device).permute(array.inverse)
-    _recent.append(array)
+    _note_recent(array)
     return _rt.wrap_array(array, device)
+
+
+def _note_recent(array) -> None:
+    if type(array) is not Pending:  # a pending value is waited for by running its region
+        _recent.append(array)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -80,7 +89,7 @@ class Permuted:
         return cls(children[0], *aux)
 
 
-_transpose = jax.jit(jnp.transpose, static_argnums=1)
+_transpose = Recordable(jax.jit(jnp.transpose, static_argnums=1), static=(1,), name="transpose")
 
 
 # ---------------------------------------------------------------------------------
@@ -159,7 +168,7 @@ class Padded:
 def _pad_to(shape: tuple, dtype, axis: int, capacity: int):
     widths = [(0, 0)] * len(shape)
     widths[axis] = (0, capacity - shape[axis])
-    return jax.jit(lambda x: jnp.pad(x, widths))
+    return Recordable(jax.jit(lambda x: jnp.pad(x, widths)), name="pad to capacity")
 
 
 def inverse_permutation(perm: tuple) -> tuple:
@@ -214,7 +223,8 @@ def _dense_permutation(meta, result):
 
 def synchronize(index: int = -1) -> None:
     """Block until the device (-1: every device) has finished all queued work."""
-    target = None if index < 0 else platform.device(index)
+    fused.flush("synchronize")
+    target = None if index < 0 or len(platform.devices()) == 1 else platform.device(index)
     pending = [a for a in list(_recent) + jax.live_arrays()
                if not a.is_deleted() and (target is None or target in a.devices())]
     jax.block_until_ready(pending)
@@ -232,13 +242,17 @@ def unshared(array: jax.Array, holders: int) -> bool:
 # ---------------------------------------------------------------------------------
 def read(t: torch.Tensor) -> jax.Array:
     """The logical value of pjrt tensor `t` as a JAX array."""
+    return fused.concrete(read_deferred(t))
+
+
+def read_deferred(t: torch.Tensor):
+    """The logical value of pjrt tensor `t`: a JAX array, or in fused mode a Pending value."""
     operand = read_lazily(t)
-    return operand if isinstance(operand, jax.Array) else _read_view(operand)
+    return operand if type(operand) in (_ARRAY, Pending) else _read_view(operand)
 
 
-@jax.jit
-def _read_view(view):
-    return view.resolve()
+_ARRAY = type(jnp.zeros(()))
+_read_view = Recordable(jax.jit(lambda view: view.resolve()), name="read view")
 
 
 def read_lazily(t: torch.Tensor):
@@ -339,6 +353,8 @@ class StridedView:
     def tree_flatten(self):
         # the offset is traced: x[i] for every i is one executable, not one per i
         g = self._geometry
+        if type(g) is Geometry:  # unflattened from leaves (a recorded call): the offset is a value
+            return (self.buffer, offset_operand(g.offset)), g._replace(offset=None)
         static = _STATIC_GEOMETRY.get(g)
         if static is None:
             if len(_STATIC_GEOMETRY) > 4096:
@@ -395,9 +411,7 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
     return buf
 
 
-@jax.jit
-def _resolve_padded(padded):
-    return padded.resolve()
+_resolve_padded = Recordable(jax.jit(lambda padded: padded.resolve()), name="resolve padding")
 
 
 @functools.lru_cache(256)
@@ -405,12 +419,14 @@ def _fresh(n: int, dtype, fill, device: int):
     """jit(() -> fresh memory of n elements on pjrt:device): torch.empty(...).fill_(v) reads
     its target, and an op-by-op jnp.full costs ten times a cached executable."""
     sharding = jax.sharding.SingleDeviceSharding(platform.device(device))
-    return jax.jit(lambda: jnp.full((n,), fill, dtype), out_shardings=sharding)
+    return Recordable(jax.jit(lambda: jnp.full((n,), fill, dtype), out_shardings=sharding), name="fresh memory",
+                      device=device)
 
 
 @functools.lru_cache(256)
 def _grow(old: int, new: int, dtype, fill):
-    return jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.full((new - old,), fill, dtype)]))
+    return Recordable(jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.full((new - old,), fill, dtype)])),
+                      name="grow storage")
 
 
 _NAN = float("nan")  # one object: a cache key holding it equals itself
@@ -523,31 +539,36 @@ def write(t: torch.Tensor, value) -> None:
     if t.is_conj() or t.is_neg():  # store what the lazy bits will turn back into `value`
         value = _unbit(t.is_conj(), t.is_neg())(value)
     if t.storage_offset() == 0 and t.is_contiguous() and t.numel() * t.element_size() == _rt.storage_nbytes(t):
-        if not (isinstance(value, jax.Array) and value.shape == shape and value.dtype == dtype):
+        if not (type(value) in (_ARRAY, Pending) and value.shape == shape and value.dtype == dtype):
             value = _converter(shape, dtype)(value)
-        _recent.append(value)
+        _note_recent(value)
         _rt.set_buffer(t, value, shape, t.dtype)
         return
     buf = _materialized_buffer(t)
     if buf.dtype != dtype:  # a view with another dtype: make the buffer that dtype first
-        flat = jax.jit(_flat_as, static_argnums=1)(buf, dtype)
+        flat = _reinterpret(buf, dtype)
         _rt.set_buffer(t, flat, flat.shape, t.dtype)
         buf = flat
-    donate = unshared(buf, holders=2)  # the storage and `buf`: nobody else sees the old value
+    # the storage and `buf`: nobody else sees the old value (a fused region donates its own inputs)
+    donate = not fused.active() and unshared(buf, holders=2)
     new = _writer(shape, tuple(t.stride()), buf.shape, dtype, donate)(buf, value, offset_operand(t.storage_offset()))
     del buf
-    _recent.append(new)
+    _note_recent(new)
     _rt.set_buffer(t, new, new.shape, t.dtype)
+
+
+_reinterpret = Recordable(jax.jit(_flat_as, static_argnums=1), static=(1,), name="view(dtype)")
 
 
 @functools.lru_cache(4)
 def _unbit(conj: bool, neg: bool):
-    return jax.jit(lambda v: -(jnp.conj(v) if conj else v) if neg else (jnp.conj(v) if conj else v))
+    return Recordable(jax.jit(lambda v: -(jnp.conj(v) if conj else v) if neg else (jnp.conj(v) if conj else v)),
+                      name="conj/neg bits")
 
 
 @functools.lru_cache(1024)
 def _converter(shape, dtype):
-    return jax.jit(lambda v: jnp.broadcast_to(astype(jnp.asarray(v), dtype), shape))
+    return Recordable(jax.jit(lambda v: jnp.broadcast_to(astype(jnp.asarray(v), dtype), shape)), name="convert")
 
 
 @functools.lru_cache(4096)
@@ -565,7 +586,7 @@ def _writer(size, stride, buf_shape, dtype, donate):
             flat = flat.at[(_element_indices(size, stride, 0) + offset).reshape(-1)].set(value.reshape(-1))
         return flat.reshape(buf_shape)
 
-    return jax.jit(write_view, donate_argnums=(0,) if donate else ())
+    return Recordable(jax.jit(write_view, donate_argnums=(0,) if donate else ()), name="write view")
 
 
 # ---------------------------------------------------------------------------------
@@ -608,6 +629,7 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
 
 def download(t: torch.Tensor) -> torch.Tensor:
     """A pjrt tensor's value as a new host tensor (a host sync: queued index checks raise)."""
+    fused.flush("host read")
     bounds.raise_pending()
     padded = _rt.whole_buffer(t)
     if isinstance(padded, Padded):

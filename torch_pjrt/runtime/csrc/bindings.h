@@ -11,6 +11,11 @@ namespace torch_pjrt {
 namespace py = pybind11;
 
 // ---- module.cpp: a storage's JAX buffer, as storage.py sees it ----
+// fused.Pending (runtime/fused.py): a buffer that is a recorded call's output. Once its
+// region ran, `settled` swaps in its array, so later reads are plain arrays again.
+extern PyObject* g_pending_type;
+void settle(Holder* h);
+inline bool is_pending(PyObject* o) { return g_pending_type && Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(g_pending_type); }
 // The buffer if `t` is exactly its storage's buffer, else None.
 py::object whole_buffer(const at::Tensor& t);
 py::object buffer(const at::Tensor& t);  // the storage's buffer, None while uninitialised
@@ -35,10 +40,11 @@ bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 
 // ---- fast_path.cpp ----
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
-                       py::object strided_view, py::dict torch_to_jax);
+                       py::object strided_view, py::object pending_type, py::dict torch_to_jax);
+void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead of running their executable
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
-void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object slow,
-                          py::object store, std::vector<int> kinds);
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
+                          py::object slow, py::object store, std::vector<int> kinds);
 void set_sdp_choice(py::function choose);
 
 }  // namespace torch_pjrt

@@ -8,6 +8,7 @@
 // call goes to the op's Python kernel (eager.Kernel), which owns the full semantics.
 #include "bindings.h"
 
+#include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/core/ivalue.h>
@@ -46,6 +47,7 @@ struct EagerHelpers {
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
+static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
 
 static py::tuple int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
@@ -121,10 +123,11 @@ static py::object static_value(const c10::IValue& v, int kind) {
 
 class FastKernel : public c10::OperatorKernel {
  public:
+  // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
   // `store` is None for a functional op; for an in-place op (self first), the Python
   // function that writes a result into self when it is not simply self's new buffer.
-  FastKernel(py::object run, py::object slow, py::object store, std::vector<int> kinds)
-      : run_(run.release().ptr()), slow_(slow.release().ptr()),
+  FastKernel(py::object run, py::object recorded, py::object slow, py::object store, std::vector<int> kinds)
+      : run_(run.release().ptr()), recorded_(recorded.release().ptr()), slow_(slow.release().ptr()),
         store_(store.is_none() ? nullptr : store.release().ptr()), kinds_(std::move(kinds)) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -141,7 +144,8 @@ class FastKernel : public c10::OperatorKernel {
         if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
       }
       if (!fast || device < 0) return slow(op, stack, n);
-      PyObject* out = PyObject_Call(run_, values.ptr(), nullptr);
+      bool record = g_fused && !at::globalContext().deterministicAlgorithms();
+      PyObject* out = PyObject_Call(record ? recorded_ : run_, values.ptr(), nullptr);
       if (!out) {
         // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
         if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
@@ -183,6 +187,7 @@ class FastKernel : public c10::OperatorKernel {
       }
       device = index;
       Holder* h = holder_of(t.storage());
+      settle(h);
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
       if (written) {  // an in-place write through a view: the Python kernel checks for overlaps
         fast = false;
@@ -200,13 +205,16 @@ class FastKernel : public c10::OperatorKernel {
 
   at::Tensor wrap_result(const c10::OperatorHandle& op, PyObject* array, c10::DeviceIndex device) {
     if (array == Py_None) return at::Tensor();  // an output the op leaves undefined
+    if (is_pending(array)) return wrap_array(py::reinterpret_borrow<py::object>(array), device);
     if (Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {
       // a storage.Permuted (an output laid out by torch's strides): wrap its physical array, permute the view
       py::object permuted = py::reinterpret_borrow<py::object>(array);
       py::object physical = permuted.attr("array");
-      TORCH_CHECK(Py_TYPE(physical.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type), "pjrt: the lowering of ",
-                  op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name, " instead of a jax array");
-      record(physical.ptr());
+      bool pending = is_pending(physical.ptr());
+      TORCH_CHECK(pending || Py_TYPE(physical.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type),
+                  "pjrt: the lowering of ", op.schema().operator_name(), " returned a ", Py_TYPE(array)->tp_name,
+                  " instead of a jax array");
+      if (!pending) record(physical.ptr());
       std::vector<int64_t> dims;
       for (auto d : permuted.attr("inverse")) dims.push_back(d.cast<int64_t>());
       return wrap_array(physical, device).permute(dims);
@@ -218,11 +226,13 @@ class FastKernel : public c10::OperatorKernel {
   // self's storage takes the result as its buffer when it is exactly self's new value.
   void store(const at::Tensor& self, const py::object& result) {
     Holder* h = holder_of(self.storage());
-    if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type) && is_whole_buffer(self, h) &&
+    bool pending = is_pending(result.ptr());
+    if ((pending || Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) &&
+        is_whole_buffer(self, h) &&
         self.storage().nbytes() == size_t(self.numel()) * self.element_size()) {
       const ArrayType& type = array_type(result);
       if (type.shape != h->shape || type.dtype != h->dtype) return store_in_python(self, result);
-      record(result.ptr());
+      if (!pending) record(result.ptr());
       PyObject* old = h->buffer;
       h->buffer = py::object(result).release().ptr();
       Py_DECREF(old);
@@ -281,6 +291,7 @@ class FastKernel : public c10::OperatorKernel {
   }
 
   PyObject* run_;   // the op's executable (never freed: kernels live as long as the process)
+  PyObject* recorded_;  // fused mode: the op's fused.Recordable
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
@@ -289,25 +300,29 @@ class FastKernel : public c10::OperatorKernel {
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
-                       py::object strided_view, py::dict torch_to_jax) {
+                       py::object strided_view, py::object pending_type, py::dict torch_to_jax) {
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
              array_type.release().ptr(), strided_view.release().ptr()};
+  g_pending_type = pending_type.release().ptr();
   for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
     auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
     if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();
   }
 }
 
+void set_fused(bool fused) { g_fused = fused; }
+
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
-void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object slow,
-                          py::object store, std::vector<int> kinds) {
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
+                          py::object slow, py::object store, std::vector<int> kinds) {
   auto& library = g_fast_libraries[ns];
   if (!library) {
     library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
                                                __LINE__);
   }
   library->impl(name.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(run, slow, store, std::move(kinds))));
+                torch::CppFunction::makeFromBoxedFunctor(
+                                 std::make_unique<FastKernel>(run, recorded, slow, store, std::move(kinds))));
 }
 
 // ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
@@ -32,6 +33,20 @@ std::array<ArrayType, 256> g_array_types;
 
 }  // namespace
 
+PyObject* g_pending_type = nullptr;
+
+void settle(Holder* h) {
+  if (!h || !h->buffer || !is_pending(h->buffer)) return;
+  PyObject* value = PyObject_GetAttrString(h->buffer, "value");
+  if (!value) throw python_error();
+  if (value == Py_None) {
+    Py_DECREF(value);
+    return;
+  }
+  std::swap(h->buffer, value);  // the holder takes the array; `value` now holds the Pending
+  Py_DECREF(value);
+}
+
 bool is_whole_buffer(const at::Tensor& t, const Holder* h) {
   return h && h->buffer && t.storage_offset() == 0 && t.scalar_type() == h->dtype &&
          t.sizes() == c10::IntArrayRef(h->shape) && t.is_contiguous() && !t.is_conj() && !t.is_neg();
@@ -39,12 +54,14 @@ bool is_whole_buffer(const at::Tensor& t, const Holder* h) {
 
 py::object whole_buffer(const at::Tensor& t) {
   Holder* h = holder_of(t.storage());
+  settle(h);
   if (!is_whole_buffer(t, h)) return py::none();
   return py::reinterpret_borrow<py::object>(h->buffer);
 }
 
 py::object buffer(const at::Tensor& t) {
   Holder* h = checked_holder(t);
+  settle(h);
   if (!h->buffer) return py::none();
   return py::reinterpret_borrow<py::object>(h->buffer);
 }
@@ -173,6 +190,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("storage_nbytes", &tp::storage_nbytes);
   m.def("set_eager_helpers", &tp::set_eager_helpers);
   m.def("register_fast_kernel", &tp::register_fast_kernel);
+  m.def("set_fused", &tp::set_fused);
   m.def("set_sdp_choice", &tp::set_sdp_choice);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });

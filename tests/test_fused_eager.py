@@ -1,0 +1,286 @@
+"""Fused eager (runtime/fused.py): calls recorded into regions, run as one executable at a sync.
+
+Every result is compared with torch on the CPU, or bit for bit with op-by-op mode where the
+two must agree (randomness, deterministic mode). The rest of the suite runs in the default
+mode as well (scripts/test_op_mode.sh runs it op by op).
+"""
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_pjrt
+from torch_pjrt.runtime import fused
+
+TOL = dict(rtol=1.3e-6, atol=1e-5)  # OpInfo's float32 tolerance
+
+
+@pytest.fixture
+def mode():
+    """Run a test body in a given eager mode, restoring the mode after."""
+    before = torch_pjrt.eager_mode()
+    yield torch_pjrt.set_eager_mode
+    torch_pjrt.set_eager_mode(before)
+
+
+def _fused_stats() -> dict:
+    return torch_pjrt.eager_stats()["fused"]
+
+
+def test_calls_are_recorded_and_run_as_one_region(mode):
+    mode("fused")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 16, generator=g), torch.randn(16, 4, generator=g)
+    xd, wd = x.to("pjrt"), w.to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    y = ((xd * 2 + 1).relu() @ wd).softmax(-1).sum(0)
+    assert _fused_stats()["pending_ops"] >= 5  # nothing ran yet
+    torch.testing.assert_close(y.cpu(), ((x * 2 + 1).relu() @ w).softmax(-1).sum(0), **TOL)
+    stats = _fused_stats()
+    assert stats["pending_ops"] == 0 and stats["regions"] == 1 and stats["ended_by"] == {"host read": 1}
+    region = stats["recent_regions"][-1]
+    assert region["ops"] >= 5 and region["materialized"] == 1  # only the result: intermediates died inside
+
+
+def test_dead_intermediates_are_never_materialized(mode):
+    mode("fused")
+    x = torch.randn(5, 5).to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    a = x + 1
+    b = a * 3  # a stays alive: it is materialized too
+    c = b.exp()
+    del b
+    torch.pjrt.synchronize()
+    region = _fused_stats()["recent_regions"][-1]
+    assert (region["ops"], region["outputs"], region["materialized"]) == (3, 3, 2)
+    torch.testing.assert_close(c.cpu(), ((x.cpu() + 1) * 3).exp(), **TOL)
+    torch.testing.assert_close(a.cpu(), x.cpu() + 1, **TOL)
+
+
+def test_views_and_inplace_writes_on_pending_storages(mode):
+    mode("fused")
+    base = torch.arange(24.0).reshape(4, 6)
+    dev = base.to("pjrt")
+    for t in (base, dev):
+        a = (t * 1.5).clone()
+        v = a[1:, ::2]
+        v.mul_(2)  # through a strided view of a pending storage
+        a.t()[0].add_(1)
+        col = a[:, 3]
+        col.copy_(torch.ones(4, device=t.device) * 7)
+        t.tmp = (a, v.sum(), a.view(-1)[5:9].clone(), a.unsqueeze(0).expand(2, 4, 6).sum(0))
+    for got, want in zip(dev.tmp, base.tmp):
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+
+
+def test_autograd_and_a_training_loop_run_cached_regions(mode):
+    mode("fused")
+
+    def train(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(8):
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()]
+
+    cpu_losses, cpu_params = train("cpu")
+    torch_pjrt.reset_eager_stats()
+    losses, params = train("pjrt")
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-5)
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    stats = _fused_stats()
+    assert stats["ended_by"].get("optimizer step", 0) == 8
+    steps = [r["executable"] for r in stats["recent_regions"] if r["ended_by"] == "optimizer step"]
+    # step 1 has host reads (AdamW's state), then a new structure runs op by op once and compiles
+    # when it comes back (twice at most: which inputs are donated settles in the first steps)
+    assert steps[-3:] == ["cached"] * 3 and steps.count("compiled") <= 2, steps
+
+
+def test_random_ops_give_op_by_op_numbers(mode):
+    def sample():
+        torch.manual_seed(7)
+        x = torch.randn(6, 6, device="pjrt")
+        y = F.dropout(x, 0.5, training=True) + torch.rand(6, 6, device="pjrt")
+        return torch.cat([y, torch.randn_like(y).normal_(2.0, 3.0)]).cpu()
+
+    mode("op")
+    want = sample()
+    mode("fused")
+    assert torch.equal(sample(), want)
+
+
+def test_same_program_is_bitwise_reproducible_once_fused(mode):
+    mode("fused")
+    x = torch.randn(32, 32).to("pjrt")
+
+    def program():
+        y = x
+        for _ in range(4):
+            y = torch.tanh(y @ x * 0.1 + y).softmax(-1) * 3
+        return y.sum(-1).cpu()
+
+    first = program()  # a structure seen for the first time runs op by op
+    second, third = program(), program()  # then fused: compiled, then cached
+    assert [r["executable"] for r in _fused_stats()["recent_regions"][-3:]] == ["first sight", "compiled", "cached"]
+    assert torch.equal(second, third)
+    torch.testing.assert_close(first, second, **TOL)
+
+
+def test_deterministic_mode_runs_op_by_op(mode):
+    mode("fused")
+    x = torch.randn(16, 16).to("pjrt")
+    torch.use_deterministic_algorithms(True)
+    try:
+        y = (x * 1.5 + 0.25).exp().sum(0)
+        assert _fused_stats()["pending_ops"] == 0
+        got = y.cpu()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    mode("op")
+    assert torch.equal(got, (x * 1.5 + 0.25).exp().sum(0).cpu())
+
+
+def test_fusion_rounding_stays_within_opinfo_tolerance(mode):
+    """XLA contracts a*b+c into one FMA and fuses reductions with their producers, so fused
+    results may differ from op by op in the last bits (docs/eager.md); never by more."""
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(64, 128, generator=g).to("pjrt") for _ in range(3))
+
+    def program():
+        y = a * b + c
+        return torch.stack([y.softmax(-1), (y.exp() * b).cumsum(-1) / 128, F.layer_norm(y, (128,)) * a]).cpu()
+
+    mode("op")
+    op = program()
+    mode("fused")
+    torch.testing.assert_close(program(), op, **TOL)
+
+
+def test_an_error_is_raised_at_the_call_and_the_region_goes_on(mode):
+    mode("fused")
+    x = torch.randn(3, 4)
+    xd = x.to("pjrt")
+    y = xd * 2  # pending
+    with pytest.raises(RuntimeError) as err:
+        torch.mm(y, torch.randn(3, 4, device="pjrt"))
+    with pytest.raises(RuntimeError) as cpu_err:
+        torch.mm(x * 2, torch.randn(3, 4))
+    assert str(err.value) == str(cpu_err.value)
+    torch.testing.assert_close((y + 1).cpu(), x * 2 + 1, **TOL)
+
+
+def test_out_of_range_index_raises_at_the_sync_naming_the_op(mode):
+    mode("fused")
+    x = torch.randn(4, 3).to("pjrt") * 2
+    index = torch.tensor([0, 9]).to("pjrt")
+    y = x.index_select(0, index) + 1
+    with pytest.raises(IndexError, match="index_select"):
+        y.cpu()
+    torch.testing.assert_close((x * 0).cpu(), torch.zeros(4, 3))  # the next region runs
+
+
+def test_data_dependent_ops_sync_and_stay_correct(mode):
+    mode("fused")
+    x = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.0, 4.0]])
+    xd = x.to("pjrt")
+    y = xd * 2 - 3
+    torch.testing.assert_close(y.nonzero().cpu(), (x * 2 - 3).nonzero())
+    torch.testing.assert_close(torch.masked_select(y, y > 0).cpu(), torch.masked_select(x * 2 - 3, x * 2 - 3 > 0))
+
+
+def test_a_region_ends_at_its_op_bound(mode, monkeypatch):
+    mode("fused")
+    monkeypatch.setattr(fused, "MAX_CALLS", 8)
+    x = torch.randn(4).to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    y = x
+    for _ in range(20):
+        y = y * 1.01 + 0.01
+    want = x.cpu()
+    for _ in range(20):
+        want = want * 1.01 + 0.01
+    torch.testing.assert_close(y.cpu(), want, **TOL)
+    assert _fused_stats()["ended_by"].get("max ops") == 5  # 40 ops, 8 per region
+
+
+def _hypot_region(n: int) -> None:
+    """A region of a call sequence no other test records (its variants start at 0 here)."""
+    x = torch.arange(float(n))
+    got = torch.hypot(x.to("pjrt") + 1, x.to("pjrt")).mul(2).sum().item()
+    assert got == pytest.approx(torch.hypot(x + 1, x).mul(2).sum().item(), rel=1e-6)
+
+
+def test_a_region_compiles_when_it_comes_back(mode):
+    mode("fused")
+    torch_pjrt.reset_eager_stats()
+    for _ in range(4):
+        _hypot_region(11)
+    how = [r["executable"] for r in _fused_stats()["recent_regions"]]
+    assert how == ["first sight", "compiled", "cached", "cached"]
+
+
+def test_shapes_that_change_every_region_never_compile(mode):
+    mode("fused")
+    torch_pjrt.reset_eager_stats()
+    for n in range(20, 30):
+        _hypot_region(n)
+    stats = _fused_stats()
+    assert stats["region_compiles"] == 0 and stats["regions_first_sight"] == 10, stats
+
+
+def test_a_region_that_keeps_recompiling_runs_op_by_op(mode, monkeypatch):
+    mode("fused")
+    monkeypatch.setattr(fused, "MAX_VARIANTS", 2)
+    monkeypatch.setattr(fused, "_variants", collections.Counter())  # other tests compiled this sequence too
+    torch_pjrt.reset_eager_stats()
+    for n in range(40, 45):  # each structure twice: the second compiles, until the limit
+        _hypot_region(n)
+        _hypot_region(n)
+    stats = _fused_stats()
+    assert stats["region_compiles"] == 2 and stats["regions_op_by_op"] == 3, stats
+
+
+def test_synchronize_runs_what_is_recorded(mode):
+    mode("fused")
+    x = torch.randn(3).to("pjrt") + 1
+    assert _fused_stats()["pending_ops"] > 0
+    torch.pjrt.synchronize()
+    assert _fused_stats()["pending_ops"] == 0
+    torch.pjrt.current_stream().synchronize()
+
+
+def test_compiled_graph_reads_pending_inputs(mode):
+    mode("fused")
+    f = torch.compile(lambda a: (a.sin() * 2).sum(-1), backend="pjrt")
+    x = torch.randn(4, 5)
+    xd = x.to("pjrt") * 3  # pending when the graph is called
+    torch.testing.assert_close(f(xd).cpu(), ((x * 3).sin() * 2).sum(-1), **TOL)
+
+
+@pytest.mark.parametrize("value", ["op", "fused"])
+def test_environment_chooses_the_mode(value):
+    code = "import torch, torch_pjrt; print(torch_pjrt.eager_mode(), (torch.ones(2, device='pjrt') * 2).sum().item())"
+    env = {**__import__("os").environ, "TORCH_PJRT_EAGER": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [value, "4.0"]
+
+
+def test_unknown_mode_is_refused(mode):
+    with pytest.raises(ValueError, match="'fused' or 'op'"):
+        mode("lazy")

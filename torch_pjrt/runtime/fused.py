@@ -1,0 +1,498 @@
+"""Fused eager: eager calls are recorded into a region and run as one executable at a sync point.
+
+In fused mode (`TORCH_PJRT_EAGER=fused`) an eager call does not run its executable: it
+records the call (which executable, its static arguments, where each operand comes from)
+and its outputs are `Pending` values, known by their abstract values (shape, dtype) until
+the region runs. A storage's buffer may be a Pending, so views, in-place writes and
+autograd work on them unchanged: they record too.
+
+At a sync point the region's calls are traced into one JAX function (each call is the same
+jitted function op-by-op mode runs, so XLA inlines and fuses them) and run as one
+executable, cached by the region's structure: the calls, their operands' shapes and dtypes,
+their static arguments, the wiring between them and which inputs are the same buffer.
+Outputs no one holds any more when the region runs are never materialized; inputs only the
+region holds are donated. Sync points: a host read or anything else that needs an array
+(`concrete`), a data-dependent op, `torch.pjrt.synchronize()`, the end of an optimizer
+step, and a bound on the region's calls (TORCH_PJRT_FUSED_MAX_OPS).
+
+Errors keep naming the op: a call's shapes are computed when it is recorded (its meta check
+and lowering are traced then, as op by op), and a region that fails to run is run again
+call by call. A region structure that keeps compiling new variants (shapes change every
+iteration) runs call by call from then on, and `stats()` says so.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import sys
+import threading
+import weakref
+
+import jax
+import numpy as np
+import torch
+
+from . import platform
+
+log = logging.getLogger("torch_pjrt.fused")
+
+MAX_CALLS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_OPS", "2048"))  # a region ends with this many calls
+MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # compiles of one call sequence
+
+_ARRAY = type(jax.numpy.zeros(()))
+_lock = threading.RLock()
+
+
+def _mode_from_environment() -> bool:
+    mode = os.environ.get("TORCH_PJRT_EAGER", "fused")
+    if mode not in ("fused", "op"):
+        raise ValueError(f"TORCH_PJRT_EAGER must be 'fused' or 'op', not {mode!r}")
+    return mode == "fused"
+
+
+enabled = _mode_from_environment()
+
+
+def active() -> bool:
+    """Calls are recorded now: fused mode, outside deterministic mode (which runs op by op, as
+    TorchNeuron's does: XLA's fusion changes rounding, so a result would depend on where regions end)."""
+    return enabled and not torch.are_deterministic_algorithms_enabled()
+
+
+class Pending:
+    """The value of a recorded call's output: its abstract value now, its array once its region ran."""
+
+    __slots__ = ("aval", "value", "region", "slot", "__weakref__")
+
+    def __init__(self, aval, region, slot: int):
+        self.aval, self.value, self.region, self.slot = aval, None, region, slot
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+    size = property(lambda self: self.aval.size)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(concrete(self), dtype)
+
+    def __repr__(self) -> str:
+        return f"Pending({self.aval.str_short()}{'' if self.value is None else ', ran'})"
+
+
+class Recordable:
+    """A jitted function eager calls go through: run now (op by op), or recorded into the region.
+    `static`: its static argument positions (as given to jax.jit); `jit=False`: a function
+    whose output shape depends on data, which runs at once on arrays (a sync point);
+    `device`: where a function without array operands puts its outputs (fresh memory)."""
+
+    __slots__ = ("fn", "static", "name", "jit", "device", "__weakref__")
+
+    def __init__(self, fn, static: tuple = (), name: str | None = None, jit: bool = True, device: int | None = None):
+        self.fn, self.static, self.jit, self.device = fn, tuple(static), jit, device
+        self.name = name or getattr(fn, "__name__", repr(fn))
+
+    def __call__(self, *args):
+        if enabled and not torch.are_deterministic_algorithms_enabled():
+            return record(self, args)
+        try:
+            return self.fn(*args)
+        except TypeError:  # a Pending left by fused mode (switched off since): its array
+            if not _holds_pending(args):
+                raise
+            return self.fn(*concrete(args))
+
+    def __repr__(self) -> str:
+        return f"Recordable({self.name})"
+
+
+# ------------------------------------------------------------------------------ regions
+class Region:
+    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device")
+
+    def __init__(self):
+        self.calls: list = []       # (recordable, statics, treedef, refs, number of outputs)
+        self.structure: list = []   # (call id, refs) per call: with the region's liveness, its executable's key
+        self.inputs: list = []      # arrays (and host scalars) the region reads, first use first
+        self.input_index: dict = {}  # id(array) -> its position in inputs (the same buffer is one input)
+        self.outputs: list = []     # every call's output leaves, in order (Pending)
+        self.device: int | None = None
+
+
+_region = Region()
+_shapes: dict = {}      # call key -> (call id, output treedef, output avals)
+# call ids are never reused (not even when _shapes is cleared): a region's key holds them, and a
+# reused id would give a cached executable built for other calls
+_call_ids = itertools.count()
+_executables: dict = {}  # region key -> jitted region function
+_seen: set = set()      # region keys run once (op by op): seen again, they compile
+_variants: collections.Counter = collections.Counter()  # call sequence -> region structures compiled
+_call_by_call: set = set()  # call sequences that run call by call (they kept recompiling)
+_stats = collections.Counter()
+_ended_by: collections.Counter = collections.Counter()
+_recent_regions: collections.deque = collections.deque(maxlen=64)
+_compiled_last: dict = {}  # call sequence -> the last structure compiled for it (the recompile log's reference)
+_single_device = None
+
+
+def _devices_are_one() -> bool:
+    global _single_device
+    if _single_device is None:
+        _single_device = len(platform.devices()) == 1
+    return _single_device
+
+
+def record(rec: Recordable, args: tuple, device: int | None = None):
+    """Record `rec(*args)` into the region; its outputs as Pending values (same pytree)."""
+    if not rec.jit:
+        return rec.fn(*concrete(args))
+    if device is None:
+        device = rec.device
+    static = rec.static
+    if static:
+        statics = tuple(args[i] for i in static)
+        dynamic = [a for i, a in enumerate(args) if i not in static]
+    else:
+        statics, dynamic = (), args
+    leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    with _lock:
+        region = _region
+        kinds, avals = [], []
+        for leaf in leaves:
+            kind = type(leaf)
+            if kind is Pending:
+                if leaf.value is None:
+                    if leaf.region is not region:  # another device's region, say: it runs first
+                        concrete(leaf)
+                    else:
+                        kinds.append(leaf)
+                        avals.append(leaf.aval)
+                        continue
+                leaf = leaf.value
+                kind = type(leaf)
+            if kind is _ARRAY:
+                avals.append(leaf.aval)
+            elif isinstance(leaf, jax.core.Tracer):  # inside someone's trace: nothing to record
+                return rec.fn(*args)
+            else:  # a host scalar (a seed, a number): an input of its own
+                avals.append(jax.api_util.shaped_abstractify(leaf))
+            kinds.append(leaf)
+        if device is None and not _devices_are_one():
+            device = _device_of(kinds)
+        if region.calls and device is not None and region.device is not None and device != region.device:
+            _flush_locked("another device")
+            return record(rec, args, device)
+        key = (rec, statics, treedef, tuple(avals))
+        shape = _shapes.get(key)
+        if shape is None:
+            shape = _shape_of(rec, args, leaves, treedef, avals, key)  # raises what the call raises
+        call_id, out_treedef, out_avals = shape
+        refs = []
+        index = region.input_index
+        for leaf in kinds:
+            if type(leaf) is Pending:
+                refs.append(leaf.slot)
+                continue
+            if type(leaf) is _ARRAY:
+                k = index.get(id(leaf))
+                if k is None:
+                    k = index[id(leaf)] = len(region.inputs)
+                    region.inputs.append(leaf)
+            else:
+                k = len(region.inputs)
+                region.inputs.append(leaf)
+            refs.append(-1 - k)
+        refs = tuple(refs)
+        base = len(region.outputs)
+        outs = [Pending(aval, region, base + j) for j, aval in enumerate(out_avals)]
+        region.outputs.extend(outs)
+        region.calls.append((rec, statics, treedef, refs, len(outs)))
+        region.structure.append((call_id, refs))
+        if device is not None:
+            region.device = device
+        if len(region.calls) >= MAX_CALLS:
+            _flush_locked("max ops")
+    return jax.tree_util.tree_unflatten(out_treedef, outs)
+
+
+def _device_of(leaves) -> int | None:
+    for leaf in leaves:
+        if type(leaf) is Pending:
+            return leaf.region.device
+        if type(leaf) is _ARRAY:
+            return platform.devices().index(next(iter(leaf.devices())))
+    return None
+
+
+def _shape_of(rec, args, leaves, treedef, avals, key):
+    """The outputs' abstract values of a call (tracing it, as its first op-by-op call would)."""
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) if type(leaf) is Pending else leaf
+                for leaf, a in zip(leaves, avals)]
+    dynamic = iter(jax.tree_util.tree_unflatten(treedef, abstract))
+    full = [args[i] if i in rec.static else next(dynamic) for i in range(len(args))]
+    out = rec.fn.eval_shape(*full)
+    out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+    shape = (next(_call_ids), out_treedef, tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type)
+                                              for o in out_leaves))
+    if len(_shapes) > 65536:
+        _shapes.clear()
+    _shapes[key] = shape
+    return shape
+
+
+def _holds_pending(tree) -> bool:
+    return any(type(leaf) is Pending for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def concrete(tree):
+    """`tree` with every Pending leaf replaced by its array, running its region if needed (a sync point)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not any(type(leaf) is Pending for leaf in leaves):
+        return tree
+    if any(type(leaf) is Pending and leaf.value is None for leaf in leaves):
+        flush("host read")
+    out = []
+    for leaf in leaves:
+        if type(leaf) is Pending:
+            if leaf.value is None:  # recorded by another thread after our flush: run that one too
+                flush("host read")
+                if leaf.value is None:
+                    raise RuntimeError("pjrt fused eager: this tensor has no value: the region that computes it "
+                                       "failed (see that error, raised earlier)")
+            leaf = leaf.value
+        out.append(leaf)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def flush(reason: str = "synchronize") -> None:
+    """Run the region now (a sync point named `reason`, as eager_stats reports it)."""
+    with _lock:
+        _flush_locked(reason)
+
+
+def _flush_locked(reason: str) -> None:
+    global _region
+    region = _region
+    if not region.calls:
+        return
+    _region = Region()
+    try:
+        _run(region, reason)
+    finally:  # Pending.region <-> region.outputs is a cycle: break it, so the region's arrays go now
+        for pending in region.outputs:
+            pending.region = None
+        region.outputs.clear()
+        region.inputs.clear()
+        region.input_index.clear()
+
+
+def _run(region: Region, reason: str) -> None:
+    _ended_by[reason] += 1
+    _stats["regions"] += 1
+    _stats["ops"] += len(region.calls)
+    outputs = region.outputs
+    live = tuple(i for i in range(len(outputs)) if sys.getrefcount(outputs[i]) > _HELD_BY_REGION)
+    inputs = region.inputs
+    donate = _donatable(inputs, [outputs[i].aval for i in live])
+    key = (region.device, tuple(region.structure), live, donate)
+    run = _executables.get(key)
+    if run is not None:
+        how = "cached"
+        _stats["cache_hits"] += 1
+    else:
+        how = _first_run(region, key)
+        if how == "compiled":
+            if len(_executables) > 1024:
+                _executables.clear()
+                _compiled_last.clear()
+            run = _executables[key] = _region_function(region.calls, live, donate)
+    _note(region, reason, how, live)
+    if run is None:
+        _run_call_by_call(region, live)
+        return
+    try:
+        if region.device not in (None, 0):
+            with jax.default_device(platform.device(region.device)):
+                results = run(*inputs)
+        else:
+            results = run(*inputs)
+    except Exception:  # noqa: BLE001  (run call by call: the failing call raises, naming its op)
+        if donate:
+            raise
+        _run_call_by_call(region, live)
+        return
+    _materialize(outputs, live, results)
+
+
+def _materialize(outputs: list, live: tuple, values) -> None:
+    for i, value in zip(live, values):
+        pending = outputs[i]
+        pending.value = value
+        if _marks:
+            entry = _marks.get(id(pending))
+            if entry is not None and entry[0]() is pending:
+                for tag in entry[1]:
+                    mark(value, tag)
+
+
+# ------------------------------------------------------------------------------ marks
+_marks: dict = {}  # id(value) -> (weakref to the value, its tags)
+
+
+def mark(value, tag: str) -> None:
+    """Tag a value (an array or a Pending) for as long as it lives; a Pending's tags pass to its
+    array when its region runs (eager's growing storages tag the results of appends)."""
+    key = id(value)
+    entry = _marks.get(key)
+    if entry is None or entry[0]() is not value:
+        entry = _marks[key] = (weakref.ref(value, lambda _, key=key: _marks.pop(key, None)), set())
+    entry[1].add(tag)
+
+
+def marked(value, tag: str) -> bool:
+    entry = _marks.get(id(value))
+    return entry is not None and entry[0]() is value and tag in entry[1]
+
+
+def _first_run(region: Region, key: tuple) -> str:
+    """How a region without an executable runs: "compiled" (a structure seen before: a loop), or
+    op by op: "one op", "first sight" (a structure that may never come back costs no compile),
+    "recompiling" (its calls compiled MAX_VARIANTS structures already: shapes keep changing)."""
+    if len(region.calls) == 1:  # its own executable, shared with op-by-op mode
+        return "one op"
+    if key not in _seen:
+        if len(_seen) > 4096:
+            _seen.clear()
+        _seen.add(key)
+        _stats["first_sight"] += 1
+        return "first sight"
+    ops = tuple(call[0] for call in region.calls)
+    if ops in _call_by_call or _variants[ops] >= MAX_VARIANTS:
+        if ops not in _call_by_call:
+            _call_by_call.add(ops)
+            log.warning("pjrt fused eager: a region of %d ops compiled %d variants (its shapes or static arguments "
+                        "keep changing); it runs op by op from now on", len(ops), _variants[ops])
+        _stats["regions_op_by_op"] += 1
+        return "recompiling"
+    _variants[ops] += 1
+    _log_compile(ops, region)
+    _stats["compiles"] += 1
+    return "compiled"
+
+
+# sys.getrefcount of a region output no one else holds: region.outputs, the argument, outputs[i]'s temporary
+_HELD_BY_REGION = 2
+
+
+def _donatable(inputs: list, outs: list) -> tuple:
+    """The inputs the region can donate: only the region holds them, and an output of the same
+    shape and dtype can take the buffer (XLA reuses it in place, like an in-place update)."""
+    room = collections.Counter((a.shape, a.dtype) for a in outs)
+    donate = []
+    for i in range(len(inputs)):
+        if type(inputs[i]) is _ARRAY:
+            kind = (inputs[i].shape, inputs[i].dtype)
+            if room[kind] > 0 and _unshared(inputs[i]):
+                room[kind] -= 1
+                donate.append(i)
+    return tuple(donate)
+
+
+def _unshared(array) -> bool:
+    """Only the region holds `array` (not counting synchronize's bookkeeping): it can be donated."""
+    from . import storage
+
+    bookkeeping = sum(1 for a in storage._recent if a is array)
+    # region.inputs, the argument, inputs[i]'s temporary, the generator expression's frame
+    return sys.getrefcount(array) - bookkeeping <= 3
+
+
+def _region_function(calls: list, live: tuple, donate: tuple):
+    def region(*inputs):
+        env = []
+        for rec, statics, treedef, refs, _ in calls:
+            _apply(rec, statics, treedef, [env[r] if r >= 0 else inputs[-1 - r] for r in refs], env)
+        return [env[i] for i in live]
+
+    return jax.jit(region, donate_argnums=donate)
+
+
+def _apply(rec, statics, treedef, leaves, env) -> None:
+    """Call `rec` on the recorded operands (`leaves`) and its static arguments; its outputs go to env."""
+    dynamic = jax.tree_util.tree_unflatten(treedef, leaves)
+    if rec.static:
+        given, rest = dict(zip(rec.static, statics)), iter(dynamic)
+        dynamic = [given[i] if i in given else next(rest) for i in range(len(statics) + len(dynamic))]
+    env.extend(jax.tree_util.tree_leaves(rec.fn(*dynamic)))
+
+
+def _run_call_by_call(region: Region, live: tuple) -> None:
+    """The region's calls one by one (each its own executable, as op-by-op mode runs them)."""
+    env = []
+    for rec, statics, treedef, refs, _ in region.calls:
+        leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
+        try:
+            _apply(rec, statics, treedef, leaves, env)
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: {type(e).__name__}: {e}") from e
+    _materialize(region.outputs, live, [env[i] for i in live])
+
+
+def _note(region: Region, reason: str, how: str, live: tuple) -> None:
+    _recent_regions.append({"ops": len(region.calls), "ended_by": reason, "executable": how,
+                            "outputs": len(region.outputs), "materialized": len(live)})
+
+
+def _log_compile(ops: tuple, region: Region) -> None:
+    """Say why a region compiles: new, or what differs from the last structure of the same ops."""
+    previous = _compiled_last.get(ops)
+    _compiled_last[ops] = region.structure
+    if not log.isEnabledFor(logging.INFO):
+        return
+    if previous is None:
+        log.info("pjrt fused eager: compiling a new region of %d ops (%s ... %s)", len(ops), ops[0].name,
+                 ops[-1].name)
+        return
+    for k, (a, b) in enumerate(zip(previous, region.structure)):
+        if a != b:
+            log.info("pjrt fused eager: recompiling a region of %d ops: op %d (%s) has other shapes, dtypes, static "
+                     "arguments or operands than when it last compiled", len(ops), k, ops[k].name)
+            return
+    log.info("pjrt fused eager: recompiling a region of %d ops: other outputs are used, or other inputs donated",
+             len(ops))
+
+
+# ------------------------------------------------------------------------------ controls
+def set_enabled(on: bool) -> None:
+    """Fused (True) or op-by-op (False) eager from now on; what is recorded runs first."""
+    global enabled
+    flush("mode change")
+    enabled = bool(on)
+    from .build import load
+
+    load().set_fused(enabled)
+
+
+def stats() -> dict:
+    with _lock:
+        regions = _stats["regions"]
+        return {
+            "mode": "fused" if enabled else "op",
+            "regions": regions,
+            "ops_per_region": _stats["ops"] / regions if regions else 0.0,
+            "region_compiles": _stats["compiles"],
+            "region_cache_hits": _stats["cache_hits"],
+            "regions_first_sight": _stats["first_sight"],
+            "regions_op_by_op": _stats["regions_op_by_op"],
+            "ended_by": dict(_ended_by),
+            "recent_regions": list(_recent_regions),
+            "pending_ops": len(_region.calls),
+        }
+
+
+def reset_stats() -> None:
+    with _lock:
+        _stats.clear()
+        _ended_by.clear()
+        _recent_regions.clear()
