@@ -63,6 +63,19 @@ def test_dead_intermediates_are_never_materialized(mode):
     torch.testing.assert_close(a.cpu(), x.cpu() + 1, **TOL)
 
 
+def test_donation_takes_only_buffers_no_tensor_holds(mode):
+    mode("fused")
+    x_cpu = torch.randn(8, 8)
+    for _ in range(3):  # first sight, compiled, cached: each must leave x and the updated p intact
+        x = x_cpu.to("pjrt")
+        p = torch.zeros(8, 8).to("pjrt")
+        y = x * 2 + 1  # same shape as x: x's buffer could take y, but x still holds it
+        p.add_(y)  # p's old buffer is the region's alone: donated
+        torch.testing.assert_close(p.cpu(), x_cpu * 2 + 1, **TOL)
+        torch.testing.assert_close(x.cpu(), x_cpu)
+        torch.testing.assert_close(y.cpu(), x_cpu * 2 + 1, **TOL)
+
+
 def test_views_and_inplace_writes_on_pending_storages(mode):
     mode("fused")
     base = torch.arange(24.0).reshape(4, 6)

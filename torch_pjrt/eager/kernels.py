@@ -89,6 +89,9 @@ class Kernel:
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
         self.in_range = lowering.in_range
+        # int returns (SDPA's max_q, max_k): an executable's outputs are arrays, and torch would
+        # read each back with .item(), a host sync; the op's meta kernel gives them on the host
+        self.int_returns = [i for i, r in enumerate(self.op._schema.returns) if str(r.type) in ("int", "SymInt")]
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
         """(raw JAX result, device index) for a dispatcher call. grow: the result may be a
@@ -164,7 +167,23 @@ class Kernel:
         result, device = self.compute(args, kwargs, grow=True)
         if type(result) in _VALUES:  # the common case, without isinstance's ABC machinery
             return storage.wrap(result, device)
+        if self.int_returns:
+            on_host = self.op(*_as_meta(args), **_as_meta(kwargs))
+            result = list(result)
+            for i in self.int_returns:
+                result[i] = on_host[i]
         return _wrap(result, device)
+
+
+def _as_meta(values):
+    """Tensors as meta tensors of the same geometry (the rest as is), for an op's meta kernel."""
+    if isinstance(values, torch.Tensor):
+        return torch.empty_strided(values.shape, values.stride(), dtype=values.dtype, device="meta")
+    if isinstance(values, dict):
+        return {k: _as_meta(v) for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return type(values)(_as_meta(v) for v in values)
+    return values
 
 
 

@@ -125,7 +125,10 @@ _shapes: dict = {}      # call key -> (call id, output treedef, output avals)
 # call ids are never reused (not even when _shapes is cleared): a region's key holds them, and a
 # reused id would give a cached executable built for other calls
 _call_ids = itertools.count()
-_executables: dict = {}  # region key -> jitted region function
+# region key -> jitted region function, least recently used first. Bounded: each holds a compiled
+# XLA executable (megabytes for a training step), and a process meets many regions once or twice.
+_executables: collections.OrderedDict = collections.OrderedDict()
+MAX_EXECUTABLES = 64
 _seen: set = set()      # region keys run once (op by op): seen again, they compile
 _variants: collections.Counter = collections.Counter()  # call sequence -> region structures compiled
 _call_by_call: set = set()  # call sequences that run call by call (they kept recompiling)
@@ -300,11 +303,13 @@ def _run(region: Region, reason: str) -> None:
     if run is not None:
         how = "cached"
         _stats["cache_hits"] += 1
+        _executables.move_to_end(key)
     else:
         how = _first_run(region, key)
         if how == "compiled":
-            if len(_executables) > 1024:
-                _executables.clear()
+            while len(_executables) >= MAX_EXECUTABLES:
+                _executables.popitem(last=False)
+            if len(_compiled_last) > 4096:
                 _compiled_last.clear()
             run = _executables[key] = _region_function(region.calls, live, donate)
     _note(region, reason, how, live)
@@ -393,19 +398,12 @@ def _donatable(inputs: list, outs: list) -> tuple:
     for i in range(len(inputs)):
         if type(inputs[i]) is _ARRAY:
             kind = (inputs[i].shape, inputs[i].dtype)
-            if room[kind] > 0 and _unshared(inputs[i]):
+            # held by region.inputs, the argument and the temporary only (an array in synchronize's
+            # bookkeeping has more holders: it is not donated, which is always safe)
+            if room[kind] > 0 and sys.getrefcount(inputs[i]) <= 2:
                 room[kind] -= 1
                 donate.append(i)
     return tuple(donate)
-
-
-def _unshared(array) -> bool:
-    """Only the region holds `array` (not counting synchronize's bookkeeping): it can be donated."""
-    from . import storage
-
-    bookkeeping = sum(1 for a in storage._recent if a is array)
-    # region.inputs, the argument, inputs[i]'s temporary, the generator expression's frame
-    return sys.getrefcount(array) - bookkeeping <= 3
 
 
 def _region_function(calls: list, live: tuple, donate: tuple):

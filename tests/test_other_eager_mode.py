@@ -1,0 +1,28 @@
+"""The eager test files again, in the eager mode the run is not in (fused <-> op).
+
+The default run covers the default mode everywhere; this runs the files that exercise eager
+semantics most (views and writes, autograd and training, layers, growing storages, errors) in
+the other mode, in a subprocess, so CI checks both. The whole suite in the other mode:
+`TORCH_PJRT_EAGER=op python -m pytest -q` (docs/eager.md; its last result is in
+docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch_pjrt
+
+FILES = ["test_storage_views.py", "test_training.py", "test_layers.py", "test_eager_growth.py", "test_errors.py",
+         "test_optim.py", "test_fused_eager.py"]
+
+
+def test_eager_files_pass_in_the_other_mode():
+    other = "op" if torch_pjrt.eager_mode() == "fused" else "fused"
+    here = Path(__file__).parent
+    env = {**os.environ, "TORCH_PJRT_EAGER": other}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                             *(str(here / f) for f in FILES)], env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
