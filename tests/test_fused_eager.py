@@ -1,8 +1,8 @@
 """Fused eager (runtime/fused.py): calls recorded into regions, run as one executable at a sync.
 
 Every result is compared with torch on the CPU, or bit for bit with op-by-op mode where the
-two must agree (randomness, deterministic mode). The rest of the suite runs in the default
-mode as well (scripts/test_op_mode.sh runs it op by op).
+two must agree (randomness, deterministic mode). tests/test_other_eager_mode.py runs the
+eager test files in the mode the run is not in.
 """
 from __future__ import annotations
 

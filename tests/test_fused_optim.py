@@ -47,7 +47,7 @@ def test_fused_step_matches_cpu_without_fallback(cls, kwargs):
 def test_scheduler_changes_lr_without_recompiling():
     from torch_pjrt.eager.kernels import _REGISTERED
 
-    kernel = _REGISTERED[torch.ops.aten._fused_adamw_.default].kernel.run
+    kernel = _REGISTERED[torch.ops.aten._fused_adamw_.default].kernel.executable
     train("pjrt", torch.optim.AdamW, dict(lr=1e-2, eps=1e-7), steps=3, scheduler=True)  # warm up every layout
     cached = kernel._cache_size()
     expected, _ = train("cpu", torch.optim.AdamW, dict(lr=1e-2, eps=1e-7), steps=8, scheduler=True)

@@ -46,7 +46,7 @@ _lock = threading.RLock()
 
 
 def _mode_from_environment() -> bool:
-    mode = os.environ.get("TORCH_PJRT_EAGER", "fused")
+    mode = os.environ.get("TORCH_PJRT_EAGER", "op")
     if mode not in ("fused", "op"):
         raise ValueError(f"TORCH_PJRT_EAGER must be 'fused' or 'op', not {mode!r}")
     return mode == "fused"
@@ -128,14 +128,16 @@ _call_ids = itertools.count()
 # region key -> jitted region function, least recently used first. Bounded: each holds a compiled
 # XLA executable (megabytes for a training step), and a process meets many regions once or twice.
 _executables: collections.OrderedDict = collections.OrderedDict()
-MAX_EXECUTABLES = 64
-_seen: set = set()      # region keys run once (op by op): seen again, they compile
-_variants: collections.Counter = collections.Counter()  # call sequence -> region structures compiled
-_call_by_call: set = set()  # call sequences that run call by call (they kept recompiling)
+MAX_EXECUTABLES = 32
+# The long-lived tables below keep hashes and names, not regions' keys or Recordables: a key can
+# be a long tuple, and a Recordable holds its compiled executables (lru-cached ones must be freed).
+_seen: set = set()      # hashes of region keys run once (op by op): seen again, they compile
+_variants: collections.Counter = collections.Counter()  # call sequence (names) -> region structures compiled
+_call_by_call: set = set()  # call sequences (names) that run call by call (they kept recompiling)
 _stats = collections.Counter()
 _ended_by: collections.Counter = collections.Counter()
 _recent_regions: collections.deque = collections.deque(maxlen=64)
-_compiled_last: dict = {}  # call sequence -> the last structure compiled for it (the recompile log's reference)
+_compiled_last: dict = {}  # call sequence (names) -> the last structure compiled for it (the recompile log's)
 _single_device = None
 
 
@@ -238,7 +240,7 @@ def _shape_of(rec, args, leaves, treedef, avals, key):
     out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
     shape = (next(_call_ids), out_treedef, tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type)
                                               for o in out_leaves))
-    if len(_shapes) > 65536:
+    if len(_shapes) > 16384:
         _shapes.clear()
     _shapes[key] = shape
     return shape
@@ -309,7 +311,7 @@ def _run(region: Region, reason: str) -> None:
         if how == "compiled":
             while len(_executables) >= MAX_EXECUTABLES:
                 _executables.popitem(last=False)
-            if len(_compiled_last) > 4096:
+            if len(_compiled_last) > 256:
                 _compiled_last.clear()
             run = _executables[key] = _region_function(region.calls, live, donate)
     _note(region, reason, how, live)
@@ -366,13 +368,16 @@ def _first_run(region: Region, key: tuple) -> str:
     "recompiling" (its calls compiled MAX_VARIANTS structures already: shapes keep changing)."""
     if len(region.calls) == 1:  # its own executable, shared with op-by-op mode
         return "one op"
-    if key not in _seen:
-        if len(_seen) > 4096:
+    seen = hash(key)  # a collision only compiles a region at its first sight
+    if seen not in _seen:
+        if len(_seen) > 65536:
             _seen.clear()
-        _seen.add(key)
+        _seen.add(seen)
         _stats["first_sight"] += 1
         return "first sight"
-    ops = tuple(call[0] for call in region.calls)
+    ops = tuple(call[0].name for call in region.calls)
+    if len(_variants) > 16384:
+        _variants.clear()
     if ops in _call_by_call or _variants[ops] >= MAX_VARIANTS:
         if ops not in _call_by_call:
             _call_by_call.add(ops)
@@ -449,13 +454,12 @@ def _log_compile(ops: tuple, region: Region) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     if previous is None:
-        log.info("pjrt fused eager: compiling a new region of %d ops (%s ... %s)", len(ops), ops[0].name,
-                 ops[-1].name)
+        log.info("pjrt fused eager: compiling a new region of %d ops (%s ... %s)", len(ops), ops[0], ops[-1])
         return
     for k, (a, b) in enumerate(zip(previous, region.structure)):
         if a != b:
             log.info("pjrt fused eager: recompiling a region of %d ops: op %d (%s) has other shapes, dtypes, static "
-                     "arguments or operands than when it last compiled", len(ops), k, ops[k].name)
+                     "arguments or operands than when it last compiled", len(ops), k, ops[k])
             return
     log.info("pjrt fused eager: recompiling a region of %d ops: other outputs are used, or other inputs donated",
              len(ops))
