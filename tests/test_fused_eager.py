@@ -48,6 +48,19 @@ def test_calls_are_recorded_and_run_as_one_region(mode):
     assert region["ops"] >= 5 and region["materialized"] == 1  # only the result: intermediates died inside
 
 
+def test_static_arguments_that_compare_equal_stay_apart(mode):
+    """6 == 6.0 and True == 1 in Python (same hash too): a call's cache key must still tell them
+    apart, or arange(6.0) would get arange(6)'s int64 result (a wrong value seen in the suite)."""
+    mode("fused")
+    for end in (6, 6.0, True):
+        got = torch.arange(end, device="pjrt") * 1
+        want = torch.arange(end) * 1
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want), end
+    x = torch.arange(6.0).to("pjrt")
+    torch.testing.assert_close((x.view(2, 3).sum(1, keepdim=True) + x[:2].view(2, 1) * 1.0).cpu(),
+                               torch.arange(6.0).view(2, 3).sum(1, keepdim=True) + torch.arange(2.0).view(2, 1))
+
+
 def test_dead_intermediates_are_never_materialized(mode):
     mode("fused")
     x = torch.randn(5, 5).to("pjrt")

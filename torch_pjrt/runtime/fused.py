@@ -188,7 +188,7 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         if region.calls and device is not None and region.device is not None and device != region.device:
             _flush_locked("another device")
             return record(rec, args, device)
-        key = (rec, statics, treedef, tuple(avals))
+        key = (rec, _typed(statics), treedef, tuple(avals))
         shape = _shapes.get(key)
         if shape is None:
             shape = _shape_of(rec, args, leaves, treedef, avals, key)  # raises what the call raises
@@ -219,6 +219,14 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         if len(region.calls) >= MAX_CALLS:
             _flush_locked("max ops")
     return jax.tree_util.tree_unflatten(out_treedef, outs)
+
+
+def _typed(value):
+    """A static argument as a key that tells 6 from 6.0 and True from 1 (equal and equally hashed in
+    Python, but arange(6) is int64 and arange(6.0) float32)."""
+    if type(value) in (tuple, list):
+        return tuple(_typed(v) for v in value)
+    return type(value), value
 
 
 def _device_of(leaves) -> int | None:
