@@ -94,7 +94,7 @@ class Recordable:
         self.name = name or getattr(fn, "__name__", repr(fn))
 
     def __call__(self, *args):
-        if enabled and not torch.are_deterministic_algorithms_enabled():
+        if active():
             return record(self, args)
         try:
             return self.fn(*args)
