@@ -30,6 +30,26 @@ def test_factories_match_cpu(factory):
     same(out, factory("cpu"))
 
 
+@pytest.mark.parametrize("factory", [
+    lambda d: torch.full((3,), 2.0, device=d),
+    lambda d: torch.arange(3.0, device=d),
+    lambda d: torch.randn(3, device=d),
+    lambda d: torch.empty(3, device=d).fill_(2.0),
+    lambda d: torch.tensor([1.0, 2.0, 3.0], device=d),
+    lambda d: torch.ones(3, device=d).zero_(),  # the C++ path: an operand the executable only writes
+    lambda d: torch.linspace(0, 1, 3, device=d),
+])
+def test_tensors_made_on_the_second_device_are_computed_there(factory):
+    """A factory on pjrt:1 puts its memory there, and what is computed from it stays there (an
+    uncommitted array would move to pjrt:0 at its next use)."""
+    from torch_pjrt.runtime import platform, storage
+
+    t = factory("pjrt:1")
+    for u in (t, t + 1, t[1:] * 2, torch.stack([t, t])):
+        assert u.device == torch.device("pjrt:1")
+        assert storage.read(u).devices() == {platform.device(1)}
+
+
 def test_empty_and_empty_like_have_shape_dtype_device():
     e = torch.empty(3, 4, dtype=torch.float16, device=DEV)
     assert e.shape == (3, 4) and e.dtype == torch.float16 and e.device == torch.device("pjrt:0")

@@ -70,7 +70,11 @@ def test_checkpoint_replays_dropout_with_the_saved_pjrt_rng_state(use_reentrant)
         return out.detach().cpu(), x.grad.cpu(), block.fc1.weight.grad.cpu()
 
     for a, b in zip(run(False), run(True)):
-        assert torch.equal(a, b)
+        if torch_pjrt.eager_mode() == "op":  # the same executables in both runs
+            assert torch.equal(a, b)
+        else:  # regions end elsewhere when checkpoint reads the RNG state, and fusion rounds differently
+            # (docs/eager.md); another dropout mask would change the values by O(1)
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
 # -- parametrizations ----------------------------------------------------------------------

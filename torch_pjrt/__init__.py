@@ -166,8 +166,8 @@ def eager_stats() -> dict:
 
 
 def eager_mode() -> str:
-    """"fused" (eager calls are recorded and run as regions, runtime/fused.py) or "op" (one
-    executable per call). TORCH_PJRT_EAGER sets it at start; deterministic mode runs op by op."""
+    """"fused" (the default: eager calls are recorded and run as regions, runtime/fused.py) or "op"
+    (one executable per call). TORCH_PJRT_EAGER sets it at start; deterministic mode runs op by op."""
     from .runtime import fused
 
     return "fused" if fused.enabled else "op"

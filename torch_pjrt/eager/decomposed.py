@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..ops.registry import LOWERINGS
 from ..ops.signature import Signature
-from ..runtime import platform, storage
+from ..runtime import storage
 from ..runtime.fused import Recordable
 from .graph import GraphProgram, signature
 
@@ -101,8 +101,7 @@ class _Program:
         flat, _ = tree_flatten((args, kwargs))
         tensors = [flat[i] for i in self.tensor_positions]
         inputs = [storage.read_lazily(t) for t in tensors]
-        with jax.default_device(platform.device(self.device)):
-            arrays, new_values = self.run(*inputs)
+        arrays, new_values = self.run.on(self.device, tuple(inputs))
         for i, value in zip(self.program.mutated, new_values):
             storage.write(tensors[i], value)
         arrays = iter(arrays)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import fused, index_checks as bounds, platform, storage
+from ..runtime import fused, index_checks as bounds, storage
 from ..runtime.fused import Pending, Recordable
 
 from . import errors, stats
@@ -150,11 +150,8 @@ class Kernel:
         growth = self.lowering.grows(values) if self.lowering.grows is not None else None
         padded = growth is not None and _run_padded(self.op, growth, values, grow)
         call.prepare(values, seed)
-        if device != 0 and not (call.tensors or call.tensor_lists):
-            if fused.active():
-                return fused.record(self.run, tuple(values), device), device
-            with jax.default_device(platform.device(device)):  # factories say where; computations follow inputs
-                return self.run(*values), device
+        if device != 0 and not (call.tensors or call.tensor_lists):  # factories say where; computations follow inputs
+            return self.run.on(device, tuple(values)), device
         result = self.run(*values)
         if growth is not None and growth.length is not None and grow:
             if padded:

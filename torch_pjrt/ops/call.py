@@ -152,7 +152,9 @@ class OpCall:
         if not self.lowering.jit:
             return self.lower
         fn = self.lower if traced is None else functools.partial(traced, self)
-        return jax.jit(fn, static_argnums=self.static)
+        # keep_unused: an operand the op only writes (zero_, fill_, normal_) still says which device
+        # the executable runs on (pruned, the output would go to JAX's default device, pjrt:0)
+        return jax.jit(fn, static_argnums=self.static, keep_unused=True)
 
     def run(self, args: tuple, kwargs: dict, seed=None):
         """Bind, prepare and run the cached executable on JAX values (the host path of

@@ -1,6 +1,6 @@
 """Fused eager: eager calls are recorded into a region and run as one executable at a sync point.
 
-In fused mode (`TORCH_PJRT_EAGER=fused`) an eager call does not run its executable: it
+In fused mode (the default; `TORCH_PJRT_EAGER=op` turns it off) an eager call does not run its executable: it
 records the call (which executable, its static arguments, where each operand comes from)
 and its outputs are `Pending` values, known by their abstract values (shape, dtype) until
 the region runs. A storage's buffer may be a Pending, so views, in-place writes and
@@ -23,6 +23,7 @@ iteration) runs call by call from then on, and `stats()` says so.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -46,7 +47,7 @@ _lock = threading.RLock()
 
 
 def _mode_from_environment() -> bool:
-    mode = os.environ.get("TORCH_PJRT_EAGER", "op")
+    mode = os.environ.get("TORCH_PJRT_EAGER", "fused")
     if mode not in ("fused", "op"):
         raise ValueError(f"TORCH_PJRT_EAGER must be 'fused' or 'op', not {mode!r}")
     return mode == "fused"
@@ -103,8 +104,26 @@ class Recordable:
                 raise
             return self.fn(*concrete(args))
 
+    def on(self, device: int, args: tuple):
+        """`self(*args)` for a call that says where it runs (a factory, a decomposition): its
+        outputs are committed to pjrt:device, as a computation on them must follow them there
+        (JAX moves uncommitted arrays to its default device, pjrt:0)."""
+        if active() and self.jit:
+            return record(self, args, device)
+        if device == 0:
+            return self(*args)
+        with _on(device):
+            return committed(self(*args), device)
+
     def __repr__(self) -> str:
         return f"Recordable({self.name})"
+
+
+def committed(tree, device: int):
+    """`tree`'s arrays committed to pjrt:device (a copy only for one that lies elsewhere)."""
+    place = platform.device(device)
+    return jax.tree_util.tree_map(lambda a: jax.device_put(a, place) if type(a) is _ARRAY and not a.committed else a,
+                                  tree)
 
 
 # ------------------------------------------------------------------------------ regions
@@ -195,11 +214,13 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         call_id, out_treedef, out_avals = shape
         refs = []
         index = region.input_index
-        for leaf in kinds:
+        for leaf, aval in zip(kinds, avals):
             if type(leaf) is Pending:
                 refs.append(leaf.slot)
                 continue
-            if type(leaf) is _ARRAY:
+            # the same array twice is one input (which inputs alias is part of the structure), but a
+            # scalar is not: the cached scalar of a loop's counter would meet a constant's by chance
+            if type(leaf) is _ARRAY and aval.shape:
                 k = index.get(id(leaf))
                 if k is None:
                     k = index[id(leaf)] = len(region.inputs)
@@ -233,7 +254,7 @@ def _device_of(leaves) -> int | None:
     for leaf in leaves:
         if type(leaf) is Pending:
             return leaf.region.device
-        if type(leaf) is _ARRAY:
+        if type(leaf) is _ARRAY and leaf.committed:  # uncommitted: a cached scalar, say, which follows the others
             return platform.devices().index(next(iter(leaf.devices())))
     return None
 
@@ -327,20 +348,20 @@ def _run(region: Region, reason: str) -> None:
         _run_call_by_call(region, live)
         return
     try:
-        if region.device not in (None, 0):
-            with jax.default_device(platform.device(region.device)):
-                results = run(*inputs)
-        else:
+        with _on(region.device):
             results = run(*inputs)
     except Exception:  # noqa: BLE001  (run call by call: the failing call raises, naming its op)
         if donate:
             raise
         _run_call_by_call(region, live)
         return
-    _materialize(outputs, live, results)
+    _materialize(region, live, results)
 
 
-def _materialize(outputs: list, live: tuple, values) -> None:
+def _materialize(region: Region, live: tuple, values) -> None:
+    outputs = region.outputs
+    if region.device not in (None, 0):  # a region of factories alone computes uncommitted arrays
+        values = committed(values, region.device)
     for i, value in zip(live, values):
         pending = outputs[i]
         pending.value = value
@@ -404,12 +425,13 @@ _HELD_BY_REGION = 2
 
 
 def _donatable(inputs: list, outs: list) -> tuple:
-    """The inputs the region can donate: only the region holds them, and an output of the same
+    """The inputs the region can donate: arrays only the region holds, for which an output of the same
     shape and dtype can take the buffer (XLA reuses it in place, like an in-place update)."""
     room = collections.Counter((a.shape, a.dtype) for a in outs)
     donate = []
     for i in range(len(inputs)):
-        if type(inputs[i]) is _ARRAY:
+        # a scalar is not worth it, and whether one is donated would vary the key by chance
+        if type(inputs[i]) is _ARRAY and inputs[i].shape:
             kind = (inputs[i].shape, inputs[i].dtype)
             # held by region.inputs, the argument and the temporary only (an array in synchronize's
             # bookkeeping has more holders: it is not donated, which is always safe)
@@ -441,13 +463,21 @@ def _apply(rec, statics, treedef, leaves, env) -> None:
 def _run_call_by_call(region: Region, live: tuple) -> None:
     """The region's calls one by one (each its own executable, as op-by-op mode runs them)."""
     env = []
-    for rec, statics, treedef, refs, _ in region.calls:
-        leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
-        try:
-            _apply(rec, statics, treedef, leaves, env)
-        except Exception as e:  # noqa: BLE001
-            raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: {type(e).__name__}: {e}") from e
-    _materialize(region.outputs, live, [env[i] for i in live])
+    with _on(region.device):
+        for rec, statics, treedef, refs, _ in region.calls:
+            leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
+            try:
+                _apply(rec, statics, treedef, leaves, env)
+            except Exception as e:  # noqa: BLE001
+                raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: "
+                                   f"{type(e).__name__}: {e}") from e
+    _materialize(region, live, [env[i] for i in live])
+
+
+def _on(device: int | None):
+    """Where a region's factories put their outputs. Only set off pjrt:0: JAX's default device is part
+    of its trace cache's key, so setting it always would trace every executable again."""
+    return contextlib.nullcontext() if device in (None, 0) else jax.default_device(platform.device(device))
 
 
 def _note(region: Region, reason: str, how: str, live: tuple) -> None:

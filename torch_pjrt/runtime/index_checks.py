@@ -23,15 +23,16 @@ from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from . import fused
+from . import fused, platform
 from ..dtypes import is_index_dtype
 
 
 @functools.lru_cache(None)
 def _first_out_of_range(negative_ok: bool):
     """jit(index, size, seen) -> (seen or any out of range, any out of range, position of
-    the first such index, its value); `seen` (None or an earlier check's first output)
+    the first such index, its value); `seen` (an earlier check's first output, or `_nothing_seen`)
     folds the queued checks into one flag. The size is static: a Python int argument
     would be a host-to-device copy per call."""
 
@@ -42,9 +43,16 @@ def _first_out_of_range(negative_ok: bool):
         bad = (flat >= size) | (flat < (-size if negative_ok else 0))
         position = jnp.argmax(bad)
         found = jnp.any(bad)
-        return found if seen is None else seen | found, found, position, flat[position]
+        return seen | found, found, position, flat[position]
 
     return fused.Recordable(jax.jit(find, static_argnums=1), static=(1,), name="index check")
+
+
+@functools.lru_cache(None)
+def _nothing_seen(device: int) -> jax.Array:
+    """The flag before any check (always an array, so a fused region's first check after a sync
+    has the structure of the others)."""
+    return jax.device_put(np.bool_(False), platform.device(device))
 
 
 _lock = threading.Lock()
@@ -62,10 +70,11 @@ def check(op, probes: Callable[[list], Iterator[tuple]], values: list, device: i
             continue
         find = _first_out_of_range(negative_ok)
         if synchronous:
-            _raise_first([(*find(index, size, None)[1:], error, None)])
+            _raise_first([(*find(index, size, _nothing_seen(device))[1:], error, None)])
             continue
         with _lock:
-            seen, *found = find(index, size, _seen.get(device))
+            seen = _seen.get(device)
+            seen, *found = find(index, size, _nothing_seen(device) if seen is None else seen)
             _seen[device] = seen
             _queued.append((*found, error, op))
     if len(_queued) > _MAX_QUEUED:

@@ -23,7 +23,9 @@ Modes, as a user of transformers would run them:
               pjrt the same executables with a leaner per-call path, on CUDA inductor's CUDA
               graphs (no CPU peer: inductor's reduce-overhead is CUDA graphs, nothing on a CPU)
 
-A pass is one whole generation. The first `warmup` passes of every shape are warm-up: the
+A pass is one whole generation. The first `warmup` passes of every shape are warm-up (2 by
+default: fused eager runs a region on its ops' executables the first time it sees it and
+compiles it the second, so the timed passes are steady in both eager modes): the
 first one is reported apart (first_pass_*), none is in the p50/p95, and their excess over a
 steady pass is `compile_s`. The targets' passes are interleaved (pass 1 of every target, then
 pass 2 of every target...), so a change in the machine's load hits every target alike.
@@ -68,7 +70,7 @@ QUANTIZATIONS = {"int8-weight-only": "Int8WeightOnlyConfig",
 TINY_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
-DEFAULTS = dict(batch_sizes=(1,), prompt_lengths=(32,), new_tokens=16, warmup=1, steps=3)
+DEFAULTS = dict(batch_sizes=(1,), prompt_lengths=(32,), new_tokens=16, warmup=2, steps=3)
 
 # every row has exactly these keys (None where a value does not apply or the row failed)
 LLM_ROW_FIELDS = (
