@@ -45,3 +45,26 @@ def test_signatures_that_do_not_trace_run_op_by_op():
     torch.complex(a.to("pjrt"), b.to("pjrt"), out=out)
     torch.testing.assert_close(out.cpu(), torch.complex(a, b))
     assert _traced(aten.complex.out) == [None]
+
+
+def test_views_at_other_offsets_of_a_growing_buffer_share_one_program():
+    """generate's loop: `isin(ids[:, -1:], eos)` on a buffer that grows a token per step. The view's
+    offset (and its size-1 dim's stride) change every step; the graph reads values, not layouts."""
+    eos = torch.tensor([3, 7])
+    ids, pids = torch.randint(0, 9, (2, 4)), None
+    pids = ids.to("pjrt")
+    before = len(_traced(aten.isin.Tensor_Tensor_out))
+    for step in range(6):
+        torch.testing.assert_close(torch.isin(pids[:, -1:], eos.to("pjrt")).cpu(), torch.isin(ids[:, -1:], eos))
+        new = torch.full((2, 1), step)
+        ids, pids = torch.cat([ids, new], 1), torch.cat([pids, new.to("pjrt")], 1)
+    assert len(_traced(aten.isin.Tensor_Tensor_out)) - before == 1
+
+
+def test_a_graph_that_reads_its_input_layout_is_keyed_by_it():
+    base = torch.arange(20.0)
+    pbase = base.to("pjrt")
+    for offset in (0, 3, 5):
+        view, pview = base[offset:offset + 8], pbase[offset:offset + 8]
+        torch.testing.assert_close(torch.as_strided_scatter(pview, pview[:4] * 2, (4,), (2,)).cpu(),
+                                   torch.as_strided_scatter(view, view[:4] * 2, (4,), (2,)), rtol=0, atol=0)

@@ -31,20 +31,30 @@ from ..runtime.fused import Recordable
 from .graph import GraphProgram, signature
 
 NOT_TRACED = object()
+_BY_LAYOUT = object()  # in _programs: this signature's graph reads its inputs' layout: keyed with it
 MAX_SIGNATURES = 16
 
 _programs: dict = {}  # signature -> _Program, or None where the signature does not trace
 _signatures: collections.Counter = collections.Counter()  # op -> signatures traced
 
 
-def _signature(op, args, kwargs):
+def _signature(op, args, kwargs, layout: bool = False):
+    """The cache key of a call. Without `layout`, a tensor's strides count only as the order of its
+    dims in memory and whether it is dense (what its outputs' layouts follow), and its storage
+    offset not at all: a graph gets its inputs' values (views are read lazily), so the rest
+    matters only to one that reads the layout (as_strided), which is keyed with it (`layout`).
+    A loop's view of a growing buffer (generate's last token) is then one signature."""
     flat, spec = tree_flatten((args, kwargs))
     key = []
     for x in flat:
         if isinstance(x, torch.Tensor):
             if x.device.type != "pjrt":
                 return None  # a CPU scalar tensor beside pjrt ones: op by op, whose kernels accept it
-            key.append(("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad))
+            if layout:
+                geometry = x.stride(), x.storage_offset()
+            else:
+                geometry = _memory_order(x.shape, x.stride())
+            key.append(("T", tuple(x.shape), *geometry, x.dtype, x.device, x.requires_grad))
         elif isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                             torch.memory_format)):
             key.append((type(x), x))
@@ -53,6 +63,17 @@ def _signature(op, args, kwargs):
     storages = [x.untyped_storage()._cdata if isinstance(x, torch.Tensor) else None for x in flat]
     aliasing = tuple(storages.index(s) if s is not None else None for s in storages)  # which inputs share storage
     return op, str(spec), tuple(key), aliasing
+
+
+def _memory_order(shape, stride) -> tuple:
+    """(the dims of size > 1, innermost first; whether they are dense without gaps)."""
+    dims = sorted((s, d) for d, (n, s) in enumerate(zip(shape, stride)) if n != 1)
+    expected = 1
+    for s, d in dims:
+        if s != expected:
+            return tuple(d for _, d in dims), False
+        expected *= shape[d]
+    return tuple(d for _, d in dims), True
 
 
 @functools.lru_cache(None)
@@ -81,6 +102,8 @@ class _Program:
         with torch._C._AutoDispatchBelowAutograd():
             gm = make_fx(torch.func.functionalize(graph_fn, remove="mutations_and_views"),
                          decomposition_table=_decompositions(), tracing_mode="fake")(*tensors)
+        # a graph that reads its inputs' strides or offsets (as_strided) is cached per layout
+        self.reads_layout = any(n.op == "call_function" and "as_strided" in str(n.target) for n in gm.graph.nodes)
         self.program = program = GraphProgram(gm, tensors, f"decomposed {op}")
         if program.random_nodes:
             raise _NotTraceable("random")
@@ -127,7 +150,12 @@ def run(op, decomposition, args, kwargs):
     key = _signature(op, args, kwargs)
     if key is None or any(a.name == "generator" for a in op._schema.arguments):
         return NOT_TRACED
+    layout = False
     program = _programs.get(key, NOT_TRACED)
+    if program is _BY_LAYOUT:
+        layout = True
+        key = _signature(op, args, kwargs, layout=True)
+        program = _programs.get(key, NOT_TRACED)
     if program is NOT_TRACED:
         if _signatures[op] >= MAX_SIGNATURES:
             return NOT_TRACED
@@ -136,6 +164,9 @@ def run(op, decomposition, args, kwargs):
             program = _Program(op, decomposition, args, kwargs)
         except Exception:  # noqa: BLE001  (this signature runs op by op, which raises torch's own errors)
             program = None
+        if program is not None and program.reads_layout and not layout:
+            _programs[key] = _BY_LAYOUT
+            key = _signature(op, args, kwargs, layout=True)
         _programs[key] = program
     if program is None:
         return NOT_TRACED

@@ -265,6 +265,8 @@ def _check_castable(op, result_dtype, out: torch.Tensor):
 
 def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
     """Write a kernel result into an existing tensor (self of op_, or an out= tensor)."""
+    if _rt.store_whole(target, value):  # the common case (a foreach step's every tensor): in C++
+        return
     if isinstance(value, storage.Permuted):  # the target keeps its own layout
         value = value.logical()
     _check_castable(op, to_torch(value.dtype), target)

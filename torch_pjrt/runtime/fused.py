@@ -197,17 +197,19 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
                 kind = type(leaf)
             if kind is _ARRAY:
                 avals.append(leaf.aval)
+            elif kind in _scalar_avals:  # a host scalar (a seed, a number): an input of its own
+                avals.append(_scalar_avals[kind])
             elif isinstance(leaf, jax.core.Tracer):  # inside someone's trace: nothing to record
                 return rec.fn(*args)
-            else:  # a host scalar (a seed, a number): an input of its own
-                avals.append(jax.api_util.shaped_abstractify(leaf))
+            else:
+                avals.append(_scalar_aval(leaf))
             kinds.append(leaf)
         if device is None and not _devices_are_one():
             device = _device_of(kinds)
         if region.calls and device is not None and region.device is not None and device != region.device:
             _flush_locked("another device")
             return record(rec, args, device)
-        key = (rec, _typed(statics), treedef, tuple(avals))
+        key = (rec, _typed(statics) if statics else (), treedef, tuple(avals))
         shape = _shapes.get(key)
         if shape is None:
             shape = _shape_of(rec, args, leaves, treedef, avals, key)  # raises what the call raises
@@ -239,7 +241,18 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
             region.device = device
         if len(region.calls) >= MAX_CALLS:
             _flush_locked("max ops")
-    return jax.tree_util.tree_unflatten(out_treedef, outs)
+    return outs[0] if out_treedef is None else jax.tree_util.tree_unflatten(out_treedef, outs)
+
+
+_scalar_avals: dict = {}  # the abstract value of a host scalar, by type
+
+
+def _scalar_aval(value):
+    aval = jax.api_util.shaped_abstractify(value)
+    # the same for every value of these types (not int: one too large for int64 must raise here)
+    if type(value) in (float, bool, complex) or isinstance(value, np.generic):
+        _scalar_avals[type(value)] = aval
+    return aval
 
 
 def _typed(value):
@@ -267,6 +280,8 @@ def _shape_of(rec, args, leaves, treedef, avals, key):
     full = [args[i] if i in rec.static else next(dynamic) for i in range(len(args))]
     out = rec.fn.eval_shape(*full)
     out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+    if out_treedef.num_nodes == 1 and out_treedef.num_leaves == 1:  # one array: returned as is
+        out_treedef = None
     shape = (next(_call_ids), out_treedef, tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type)
                                               for o in out_leaves))
     if len(_shapes) > 16384:

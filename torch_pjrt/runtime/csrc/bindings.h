@@ -42,6 +42,9 @@ bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
                        py::object strided_view, py::object pending_type, py::dict torch_to_jax);
 void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead of running their executable
+// Self's storage takes `result` (an array or a Pending) as its buffer when it is exactly self's
+// new value (self is its whole storage, same shape and dtype); false, and nothing done, otherwise.
+bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
                           py::object slow, py::object store, std::vector<int> kinds);

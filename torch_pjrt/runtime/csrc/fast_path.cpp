@@ -121,6 +121,28 @@ static py::object static_value(const c10::IValue& v, int kind) {
   return o;
 }
 
+// synchronize()'s bookkeeping of recent results (storage._recent)
+static void record(PyObject* array) {
+  PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
+  if (!ok) throw python_error();
+  Py_DECREF(ok);
+}
+
+bool store_whole(const at::Tensor& self, const py::object& result) {
+  Holder* h = holder_of(self.storage());
+  bool pending = is_pending(result.ptr());
+  if (!(pending || Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) ||
+      !is_whole_buffer(self, h) || self.storage().nbytes() != size_t(self.numel()) * self.element_size())
+    return false;
+  const ArrayType& type = array_type(result);
+  if (type.shape != h->shape || type.dtype != h->dtype) return false;
+  if (!pending) record(result.ptr());
+  PyObject* old = h->buffer;
+  h->buffer = py::object(result).release().ptr();
+  Py_DECREF(old);
+  return true;
+}
+
 class FastKernel : public c10::OperatorKernel {
  public:
   // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
@@ -223,22 +245,8 @@ class FastKernel : public c10::OperatorKernel {
     return wrap_array(py::reinterpret_borrow<py::object>(array), device);
   }
 
-  // self's storage takes the result as its buffer when it is exactly self's new value.
   void store(const at::Tensor& self, const py::object& result) {
-    Holder* h = holder_of(self.storage());
-    bool pending = is_pending(result.ptr());
-    if ((pending || Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) &&
-        is_whole_buffer(self, h) &&
-        self.storage().nbytes() == size_t(self.numel()) * self.element_size()) {
-      const ArrayType& type = array_type(result);
-      if (type.shape != h->shape || type.dtype != h->dtype) return store_in_python(self, result);
-      if (!pending) record(result.ptr());
-      PyObject* old = h->buffer;
-      h->buffer = py::object(result).release().ptr();
-      Py_DECREF(old);
-      return;
-    }
-    store_in_python(self, result);
+    if (!store_whole(self, result)) store_in_python(self, result);
   }
 
   void store_in_python(const at::Tensor& self, const py::object& result) {
@@ -247,12 +255,6 @@ class FastKernel : public c10::OperatorKernel {
     Py_DECREF(out);
   }
 
-  // synchronize()'s bookkeeping of recent results (storage._recent)
-  static void record(PyObject* array) {
-    PyObject* ok = PyObject_CallOneArg(g_eager.record, array);
-    if (!ok) throw python_error();
-    Py_DECREF(ok);
-  }
 
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
                     c10::DeviceIndex device) {
