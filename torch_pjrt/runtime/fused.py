@@ -490,8 +490,9 @@ def _run_call_by_call(region: Region, live: tuple) -> None:
 
 
 def _on(device: int | None):
-    """Where a region's factories put their outputs. Only set off pjrt:0: JAX's default device is part
-    of its trace cache's key, so setting it always would trace every executable again."""
+    """JAX's default device set to pjrt:device, where a call without committed operands (a factory)
+    puts its outputs. Only set off pjrt:0: the default device is part of JAX's trace cache's key,
+    so setting it always would trace every executable again."""
     return contextlib.nullcontext() if device in (None, 0) else jax.default_device(platform.device(device))
 
 

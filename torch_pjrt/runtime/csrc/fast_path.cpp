@@ -255,7 +255,6 @@ class FastKernel : public c10::OperatorKernel {
     Py_DECREF(out);
   }
 
-
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
                     c10::DeviceIndex device) {
     if (op.schema().returns().size() == 1) {
