@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -166,6 +167,40 @@ def test_same_program_is_bitwise_reproducible_once_fused(mode):
     assert [r["executable"] for r in _fused_stats()["recent_regions"][-3:]] == ["first sight", "compiled", "cached"]
     assert torch.equal(second, third)
     torch.testing.assert_close(first, second, **TOL)
+
+
+def test_a_region_holds_one_threads_calls(mode):
+    """Where a thread's region ends depends on its own program, never on another thread's timing
+    (fusion rounds by region, and DDP's replicas must compute the same bits): a thread's calls
+    do not join this thread's region, and reading this thread's pending value runs it first."""
+    mode("fused")
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+    xd = x.to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    mine = (xd * 2 + 1).tanh()
+    recorded_here = _fused_stats()["pending_ops"]
+    seen = {}
+
+    def other_thread():
+        y = xd
+        for _ in range(3):
+            y = (y @ xd * 0.01 + 1).relu()
+        seen["pending"] = _fused_stats()["pending_ops"]
+        seen["y"] = y.cpu()  # runs that thread's region only
+        seen["mine"] = (mine * 3).cpu()  # needs this thread's pending value
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    want = x
+    for _ in range(3):
+        want = (want @ x * 0.01 + 1).relu()
+    torch.testing.assert_close(seen["y"], want, **TOL)
+    torch.testing.assert_close(seen["mine"], (x * 2 + 1).tanh() * 3, **TOL)
+    regions = _fused_stats()["recent_regions"]
+    assert [(r["ops"], r["ended_by"]) for r in regions[:2]] == [(seen["pending"] - recorded_here, "host read"),
+                                                                (recorded_here, "another thread")]
+    assert _fused_stats()["pending_ops"] == 0
 
 
 def test_deterministic_mode_runs_op_by_op(mode):

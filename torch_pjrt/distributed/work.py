@@ -14,7 +14,9 @@ has handed over are reduced, as with NCCL. A separate thread rather than the dis
 callbacks may issue and wait for collectives themselves (PowerSGD's hook does), which the
 dispatcher must be free to run. Eager pjrt ops from several threads are safe (the runtime's
 shared state is atomic or behind the GIL, as for the autograd engine's device threads);
-the work's tensors belong to the collective until it completes, as c10d requires.
+the work's tensors belong to the collective until it completes, as c10d requires. In fused
+eager mode what a future's callbacks record on the completion thread is one region of its own,
+run once they return (the completion thread's regions then end at the same calls on every rank).
 
 Collectives issued by such a callback keep one order on every rank: `get_future()` puts a
 `_Slot` in the dispatcher's queue, and when the dispatcher reaches it, it runs the
@@ -33,6 +35,8 @@ from typing import Callable
 import torch
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
+
+from ..runtime import fused
 
 
 class CollectiveError(RuntimeError):
@@ -112,6 +116,8 @@ def _complete_in_order(name: str) -> None:
         _here.slot = slot
         try:
             _complete(work, future, device)
+            # what its callbacks recorded is one region, whenever the next future comes (fused eager)
+            fused.flush("future callbacks")
         finally:
             _here.slot = None
             if slot is not None:

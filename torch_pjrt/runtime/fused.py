@@ -15,6 +15,12 @@ region holds are donated. Sync points: a host read or anything else that needs a
 (`concrete`), a data-dependent op, `torch.pjrt.synchronize()`, the end of an optimizer
 step, and a bound on the region's calls (TORCH_PJRT_FUSED_MAX_OPS).
 
+A region holds one thread's calls, in that thread's order (the autograd engine runs backward on
+a thread of its own, DDP's comm-hook callbacks run on a completion thread). A thread that needs
+another's pending value runs that thread's region first. So where a region ends depends on each
+thread's program alone, never on how threads interleave: XLA's fusion can change rounding, and
+DDP's replicas must compute the same bits from the same reduced gradients.
+
 Errors keep naming the op: a call's shapes are computed when it is recorded (its meta check
 and lowering are traced then, as op by op), and a region that fails to run is run again
 call by call. A region structure that keeps compiling new variants (shapes change every
@@ -128,7 +134,7 @@ def committed(tree, device: int):
 
 # ------------------------------------------------------------------------------ regions
 class Region:
-    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device")
+    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device", "ran", "__weakref__")
 
     def __init__(self):
         self.calls: list = []       # (recordable, statics, treedef, refs, number of outputs)
@@ -137,9 +143,20 @@ class Region:
         self.input_index: dict = {}  # id(array) -> its position in inputs (the same buffer is one input)
         self.outputs: list = []     # every call's output leaves, in order (Pending)
         self.device: int | None = None
+        self.ran = False            # flushed: its thread records into a new region
 
 
-_region = Region()
+_here = threading.local()  # .region: this thread's region
+_open: set = set()         # regions holding calls, of every thread (synchronize runs them all)
+
+
+def _current() -> Region:
+    region = getattr(_here, "region", None)
+    if region is None or region.ran:
+        region = _here.region = Region()
+    return region
+
+
 _shapes: dict = {}      # call key -> (call id, output treedef, output avals)
 # call ids are never reused (not even when _shapes is cleared): a region's key holds them, and a
 # reused id would give a cached executable built for other calls
@@ -181,14 +198,14 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         statics, dynamic = (), args
     leaves, treedef = jax.tree_util.tree_flatten(dynamic)
     with _lock:
-        region = _region
+        region = _current()
         kinds, avals = [], []
         for leaf in leaves:
             kind = type(leaf)
             if kind is Pending:
                 if leaf.value is None:
-                    if leaf.region is not region:  # another device's region, say: it runs first
-                        concrete(leaf)
+                    if leaf.region is not region:  # another thread's region: it runs first
+                        _flush_locked(leaf.region, "another thread")
                     else:
                         kinds.append(leaf)
                         avals.append(leaf.aval)
@@ -207,7 +224,7 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         if device is None and not _devices_are_one():
             device = _device_of(kinds)
         if region.calls and device is not None and region.device is not None and device != region.device:
-            _flush_locked("another device")
+            _flush_locked(region, "another device")
             return record(rec, args, device)
         key = (rec, _typed(statics) if statics else (), treedef, tuple(avals))
         shape = _shapes.get(key)
@@ -234,13 +251,15 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         refs = tuple(refs)
         base = len(region.outputs)
         outs = [Pending(aval, region, base + j) for j, aval in enumerate(out_avals)]
+        if not region.calls:
+            _open.add(region)
         region.outputs.extend(outs)
         region.calls.append((rec, statics, treedef, refs, len(outs)))
         region.structure.append((call_id, refs))
         if device is not None:
             region.device = device
         if len(region.calls) >= MAX_CALLS:
-            _flush_locked("max ops")
+            _flush_locked(region, "max ops")
     return outs[0] if out_treedef is None else jax.tree_util.tree_unflatten(out_treedef, outs)
 
 
@@ -299,13 +318,14 @@ def concrete(tree):
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not any(type(leaf) is Pending for leaf in leaves):
         return tree
-    if any(type(leaf) is Pending and leaf.value is None for leaf in leaves):
-        flush("host read")
     out = []
     for leaf in leaves:
         if type(leaf) is Pending:
-            if leaf.value is None:  # recorded by another thread after our flush: run that one too
-                flush("host read")
+            if leaf.value is None:
+                region = leaf.region
+                if region is not None:
+                    with _lock:
+                        _flush_locked(region, "host read")
                 if leaf.value is None:
                     raise RuntimeError("pjrt fused eager: this tensor has no value: the region that computes it "
                                        "failed (see that error, raised earlier)")
@@ -315,17 +335,25 @@ def concrete(tree):
 
 
 def flush(reason: str = "synchronize") -> None:
-    """Run the region now (a sync point named `reason`, as eager_stats reports it)."""
+    """Run this thread's region now (a sync point named `reason`, as eager_stats reports it)."""
+    region = getattr(_here, "region", None)
+    if region is not None and region.calls:
+        with _lock:
+            _flush_locked(region, reason)
+
+
+def flush_all(reason: str = "synchronize") -> None:
+    """Run every thread's region now."""
     with _lock:
-        _flush_locked(reason)
+        for region in list(_open):
+            _flush_locked(region, reason)
 
 
-def _flush_locked(reason: str) -> None:
-    global _region
-    region = _region
-    if not region.calls:
+def _flush_locked(region: Region, reason: str) -> None:
+    if region.ran or not region.calls:
         return
-    _region = Region()
+    region.ran = True
+    _open.discard(region)
     try:
         _run(region, reason)
     finally:  # Pending.region <-> region.outputs is a cycle: break it, so the region's arrays go now
@@ -523,7 +551,7 @@ def _log_compile(ops: tuple, region: Region) -> None:
 def set_enabled(on: bool) -> None:
     """Fused (True) or op-by-op (False) eager from now on; what is recorded runs first."""
     global enabled
-    flush("mode change")
+    flush_all("mode change")
     enabled = bool(on)
     from .build import load
 
@@ -543,7 +571,7 @@ def stats() -> dict:
             "regions_op_by_op": _stats["regions_op_by_op"],
             "ended_by": dict(_ended_by),
             "recent_regions": list(_recent_regions),
-            "pending_ops": len(_region.calls),
+            "pending_ops": sum(len(region.calls) for region in _open),
         }
 
 

@@ -223,7 +223,7 @@ def _dense_permutation(meta, result):
 
 def synchronize(index: int = -1) -> None:
     """Block until the device (-1: every device) has finished all queued work."""
-    fused.flush("synchronize")
+    fused.flush_all("synchronize")
     target = None if index < 0 or len(platform.devices()) == 1 else platform.device(index)
     pending = [a for a in list(_recent) + jax.live_arrays()
                if not a.is_deleted() and (target is None or target in a.devices())]
