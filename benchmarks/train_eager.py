@@ -10,6 +10,8 @@ Workloads (torch_pjrt.tools.demo_models, the models the demo and the examples tr
 Each number is the median step time over --steps steps after --warmup steps (the first
 compile pjrt's executables), the rows' steps interleaved; pjrt steps end with
 torch.pjrt.synchronize(). pjrt runs in each eager mode of --modes (fused, op).
+--sync-every K times K steps and one synchronize as one sample (its time / K): a loop that
+reads its loss every K steps, where pjrt's steps queue behind each other as CUDA's do.
 """
 from __future__ import annotations
 
@@ -74,8 +76,8 @@ def sync(device):
 class Runner:
     """One workload on one device (and, for pjrt, one eager mode), timed step by step."""
 
-    def __init__(self, make, device: str, mode: str | None, warmup: int):
-        self.device, self.mode = device, mode
+    def __init__(self, make, device: str, mode: str | None, warmup: int, sync_every: int = 1):
+        self.device, self.mode, self.sync_every = device, mode, sync_every
         self.enter()
         self.step = make(device)
         start = time.perf_counter()
@@ -92,9 +94,10 @@ class Runner:
     def time_one(self) -> None:
         self.enter()
         t = time.perf_counter()
-        self.step()
+        for _ in range(self.sync_every):
+            self.step()
         sync(self.device)
-        self.times.append(time.perf_counter() - t)
+        self.times.append((time.perf_counter() - t) / self.sync_every)
 
     @property
     def median(self) -> float:
@@ -123,6 +126,7 @@ def main():
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--modes", default="fused,op", help="pjrt eager modes to time (torch_pjrt.set_eager_mode)")
     parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
+    parser.add_argument("--sync-every", type=int, default=1, help="steps per synchronize (one timed sample)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,8 +134,8 @@ def main():
     modes = args.modes.split(",")
     rows, profiles = [], {}
     for name in args.workloads.split(","):
-        runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup)]
-        runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup) for mode in modes]
+        runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup, args.sync_every)]
+        runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup, args.sync_every) for mode in modes]
         for _ in range(args.steps):  # interleaved: a load change hits every row alike
             for runner in runners:
                 runner.time_one()
@@ -142,7 +146,8 @@ def main():
 
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, torch CPU threads {torch.get_num_threads()}, "
-          f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} interleaved steps, "
+          f"pjrt device {torch.pjrt.get_device_name()}, median of {args.steps} interleaved samples of "
+          f"{args.sync_every} step(s) and a synchronize, "
           f"load average {load:.2f} on {os.cpu_count()} cores\n")
     peer = "CPU" if args.peer == "cpu" else "CUDA"
     print(f"| workload | torch {peer} eager (ms/step) | " + " | ".join(

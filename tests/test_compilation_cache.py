@@ -18,22 +18,38 @@ SCRIPT = textwrap.dedent("""
             events["hits"] += 1
     jax.monitoring.register_event_duration_secs_listener(count)
     jax.monitoring.register_event_listener(lambda name, **kw: count(name))
-    import torch
+    import torch, torch_pjrt
     x = torch.randn(7, 5, device="pjrt")
-    y = (torch.tanh(x) * 3 + x.t().sum(1)).softmax(-1)
-    print("RESULT", round(float(y.sum().item()), 4), events["compiles"], events["hits"])
+    for _ in range(3):  # fused mode: a region, run op by op at its first sight, compiled at its second
+        y = (torch.tanh(x) * 3 + x.t().sum(1)).softmax(-1)
+        total = float(y.sum().item())
+    print("RESULT", round(total, 4), events["compiles"], events["hits"],
+          torch_pjrt.eager_stats()["fused"]["region_compiles"])
 """)
 
 
-def test_a_second_process_finds_the_eager_executables_in_the_cache(tmp_path):
+def _two_processes(tmp_path, mode: str) -> list:
+    """(value, XLA compiles, cache hits, region compiles) of SCRIPT run twice on one cache."""
     # JAX_COMPILATION_CACHE_DIR (respected as the user's own) keeps the C++ runtime's build cache
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), TORCH_PJRT_PLATFORM="cpu",
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path), TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_EAGER=mode,
                PYTHONPATH=os.path.dirname(os.path.dirname(torch_pjrt.__file__)))
     runs = [subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
             for _ in range(2)]
     out = [r.stdout.split("RESULT")[-1].split() if "RESULT" in r.stdout else r.stderr[-2000:] for r in runs]
-    (value1, compiles1, hits1), (value2, compiles2, hits2) = out
-    assert value1 == value2
-    assert int(compiles1) > 0 and int(hits1) == 0
-    assert int(hits2) >= int(compiles1), out  # every executable the first process built
+    assert all(len(o) == 4 for o in out), out
     assert any(os.scandir(tmp_path))
+    return [(float(v), int(c), int(h), int(r)) for v, c, h, r in out]
+
+
+def test_a_second_process_finds_the_eager_executables_in_the_cache(tmp_path):
+    (value1, compiles1, hits1, _), (value2, _, hits2, _) = _two_processes(tmp_path, "op")
+    assert value1 == value2
+    assert compiles1 > 0 and hits1 == 0
+    assert hits2 >= compiles1  # every executable the first process built
+
+
+def test_a_second_process_finds_the_fused_regions_in_the_cache(tmp_path):
+    first, second = _two_processes(tmp_path, "fused")
+    assert first[0] == second[0]
+    assert first[3] == second[3] == 1  # the loop's region compiled in each process...
+    assert first[2] == 0 and second[2] >= first[1]  # ...and the second read it, and every op's, from the cache
