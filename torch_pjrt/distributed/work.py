@@ -116,8 +116,7 @@ def _complete_in_order(name: str) -> None:
         _here.slot = slot
         try:
             _complete(work, future, device)
-            # what its callbacks recorded is one region, whenever the next future comes (fused eager)
-            fused.flush("future callbacks")
+            _run_callbacks_region()
         finally:
             _here.slot = None
             if slot is not None:
@@ -134,6 +133,16 @@ def _complete(work: PjrtWork, future: Future, device: int | None = None) -> None
         future.set_exception(e)
         return
     future.set_result(work.result())
+
+
+def _run_callbacks_region() -> None:
+    """Run what a future's callbacks recorded (fused eager) as one region, whenever the next
+    future comes. A failure is logged, not raised: this thread must go on completing futures,
+    and a reader of the region's tensors gets an error naming it."""
+    try:
+        fused.flush("future callbacks")
+    except Exception:  # noqa: BLE001
+        fused.log.exception("pjrt fused eager: the region recorded by a collective future's callbacks failed")
 
 
 def _on_completion_thread() -> bool:

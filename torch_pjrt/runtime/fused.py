@@ -134,7 +134,7 @@ def committed(tree, device: int):
 
 # ------------------------------------------------------------------------------ regions
 class Region:
-    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device", "ran", "__weakref__")
+    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device", "ran")
 
     def __init__(self):
         self.calls: list = []       # (recordable, statics, treedef, refs, number of outputs)
@@ -204,12 +204,11 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
             kind = type(leaf)
             if kind is Pending:
                 if leaf.value is None:
-                    if leaf.region is not region:  # another thread's region: it runs first
-                        _flush_locked(leaf.region, "another thread")
-                    else:
+                    if leaf.region is region:
                         kinds.append(leaf)
                         avals.append(leaf.aval)
                         continue
+                    concrete(leaf, "another thread")  # another thread's region runs first
                 leaf = leaf.value
                 kind = type(leaf)
             if kind is _ARRAY:
@@ -313,7 +312,7 @@ def _holds_pending(tree) -> bool:
     return any(type(leaf) is Pending for leaf in jax.tree_util.tree_leaves(tree))
 
 
-def concrete(tree):
+def concrete(tree, reason: str = "host read"):
     """`tree` with every Pending leaf replaced by its array, running its region if needed (a sync point)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not any(type(leaf) is Pending for leaf in leaves):
@@ -325,7 +324,7 @@ def concrete(tree):
                 region = leaf.region
                 if region is not None:
                     with _lock:
-                        _flush_locked(region, "host read")
+                        _flush_locked(region, reason)
                 if leaf.value is None:
                     raise RuntimeError("pjrt fused eager: this tensor has no value: the region that computes it "
                                        "failed (see that error, raised earlier)")
