@@ -317,3 +317,18 @@ def test_dtype_errors_name_the_kernel_and_dtypes():
     a, b = torch.randn(8, 16, device="pjrt"), torch.randn(2, 16, 16, device="pjrt", dtype=torch.float64)
     with pytest.raises(ValueError, match="grouped_mm: both operands must have one dtype, got float32 and float64"):
         kernels.grouped_mm(a, b, torch.tensor([4, 8], dtype=torch.int32, device="pjrt"))
+
+
+def test_eager_sdpa_int_returns_follow_each_calls_shapes():
+    """SDPA's int returns (max_q, max_k) come from torch's meta kernel, cached by the arguments'
+    geometry: a call of other shapes gets its own, and the same shapes again the same."""
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    ints = [i for i, r in enumerate(op._schema.returns) if str(r.type) in ("int", "SymInt")]
+    assert len(ints) == 2
+    g = torch.Generator().manual_seed(0)
+    for lq, lk in ((1, 40), (3, 40), (1, 41), (1, 40)):
+        q, k = torch.randn(1, 2, lq, 8, generator=g), torch.randn(1, 2, lk, 8, generator=g)
+        got = op(q.to("pjrt"), k.to("pjrt"), k.to("pjrt"))
+        want = op(q.to("meta"), k.to("meta"), k.to("meta"))
+        assert [got[i] for i in ints] == [want[i] for i in ints] == [lq, lk]
+        torch.testing.assert_close(got[0].cpu(), F.scaled_dot_product_attention(q, k, k))

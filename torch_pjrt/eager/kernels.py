@@ -92,6 +92,7 @@ class Kernel:
         # int returns (SDPA's max_q, max_k): an executable's outputs are arrays, and torch would
         # read each back with .item(), a host sync; the op's meta kernel gives them on the host
         self.int_returns = [i for i, r in enumerate(self.op._schema.returns) if str(r.type) in ("int", "SymInt")]
+        self._int_values: dict = {}  # the arguments' geometry -> the int returns (see int_values)
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
         """(raw JAX result, device index) for a dispatcher call. grow: the result may be a
@@ -165,11 +166,39 @@ class Kernel:
         if type(result) in _VALUES:  # the common case, without isinstance's ABC machinery
             return storage.wrap(result, device)
         if self.int_returns:
-            on_host = self.op(*_as_meta(args), **_as_meta(kwargs))
             result = list(result)
-            for i in self.int_returns:
-                result[i] = on_host[i]
+            for i, value in zip(self.int_returns, self.int_values(args, kwargs)):
+                result[i] = value
         return _wrap(result, device)
+
+    def int_values(self, args: tuple, kwargs: dict) -> tuple:
+        """The int returns, from the op's meta kernel. A meta kernel sees only what _as_meta
+        keeps (geometry, dtypes, the other arguments), so they are cached by that: SDPA's meta
+        kernel costs more than the rest of an eager SDPA call."""
+        try:
+            key = _geometry((args, kwargs))
+            values = self._int_values.get(key)
+        except TypeError:  # an unhashable argument: no cache
+            key, values = None, None
+        if values is None:
+            on_host = self.op(*_as_meta(args), **_as_meta(kwargs))
+            values = tuple(on_host[i] for i in self.int_returns)
+            if key is not None:
+                if len(self._int_values) > 1024:
+                    self._int_values.clear()
+                self._int_values[key] = values
+        return values
+
+
+def _geometry(values):
+    """What _as_meta keeps of `values`, as a hashable key (numbers by type too: 1, 1.0 and True differ)."""
+    if isinstance(values, torch.Tensor):
+        return values.shape, values.stride(), values.dtype
+    if isinstance(values, dict):
+        return tuple((k, _geometry(v)) for k, v in values.items())
+    if isinstance(values, (list, tuple)):
+        return type(values), tuple(_geometry(v) for v in values)
+    return type(values), values
 
 
 def _as_meta(values):
