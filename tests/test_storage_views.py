@@ -192,6 +192,24 @@ def test_expand_and_unfold_read():
     same(dev.unfold(0, 2, 2), cpu.unfold(0, 2, 2))
 
 
+def test_strided_views_at_every_offset_read_as_on_cpu():
+    """A view read inside an executable takes its offset as a value; whether the view is a block
+    of its buffer's grid (read by one N-d slice) or a window that wraps across rows (a flat slice)
+    is static. Each geometry at each offset, blocks and wrapping ones in turn, through the same op."""
+    from torch_pjrt.runtime import storage
+
+    cpu = torch.arange(4 * 6 * 5, dtype=torch.float32)
+    dev = cpu.to(DEV)
+    geometries = [((2, 3), (6, 1)), ((3, 2, 2), (30, 5, 1)), ((2, 2), (30, 2)), ((4,), (5,)), ((2, 3), (1, 6)),
+                  ((2, 1, 3), (60, 7, 10))]
+    kinds = set()
+    for size, stride in geometries:
+        last = sum((n - 1) * s for n, s in zip(size, stride))
+        for offset in range(cpu.numel() - last):
+            kinds.add(storage._is_block(size, stride, offset))
+            same(dev.as_strided(size, stride, offset) * 2, cpu.as_strided(size, stride, offset) * 2)
+    assert kinds == {True, False}  # both reads were met
+
 def test_view_dtype_and_complex_views():
     cpu = torch.arange(8.0)
     dev = cpu.to(DEV)

@@ -26,7 +26,7 @@ import torch
 
 from ..runtime import storage
 from ..dtypes import to_torch
-from ..ops.signature import SCALAR, Signature
+from ..ops.signature import SCALAR, SCALAR_LIST, Signature
 
 # Failures that are about the device, not the call: re-running on the CPU would not say more.
 _DEVICE_ERRORS = (torch.OutOfMemoryError, MemoryError)
@@ -95,7 +95,7 @@ def _as_meta(name, kind, v):
     shape, dtype = getattr(v, "shape", None), getattr(v, "dtype", None)
     if shape is None or dtype is None:
         return v  # a static Python value: the meta kernel sees what the lowering sees
-    if kind == SCALAR:  # a traced Scalar: its value is unknown here, a neutral one stands in
+    if kind in (SCALAR, SCALAR_LIST):  # a traced Scalar: its value is unknown here, a neutral one stands in
         return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1.0 + 0j}.get(np.dtype(dtype).kind, 1)
     return torch.empty(tuple(shape), dtype=to_torch(dtype), device="meta")
 

@@ -492,7 +492,7 @@ def register(special: dict) -> None:
             kernels[op] = MutatingKernel(lowering)
     kernels.update(special)
     _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.view_of,
-                          Pending, TORCH_TO_JAX)
+                          fused.record, Pending, TORCH_TO_JAX)
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)
@@ -510,7 +510,7 @@ def _install(op, kernel) -> None:
     kinds = store = None
     if isinstance(kernel, Kernel):
         kinds = kernel.call.fast_plan()
-    elif isinstance(kernel, InplaceKernel) and not kernel.self_is_list:
+    elif isinstance(kernel, InplaceKernel):
         kinds, store = kernel.functional.call.fast_plan(), functools.partial(_store, op, resize=False)
     namespace = op._schema.name.split("::")[0]
     if kinds is not None and not FAST_PATH_DISABLED:

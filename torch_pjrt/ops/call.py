@@ -73,7 +73,7 @@ def _resolve(v):
 
 
 # How the C++ fast path (runtime/csrc/fast_path.cpp, FastKernel) passes each argument to the executable.
-FAST_TENSOR, FAST_SCALAR = 0, 1
+FAST_TENSOR, FAST_SCALAR, FAST_TENSOR_LIST, FAST_SCALAR_LIST = 0, 1, 6, 7
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
                 "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,
                 "MemoryFormat": 5}
@@ -163,19 +163,26 @@ class OpCall:
 
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
-        the Python kernel for every call (tensor lists, randomness, index checks, host range
-        checks of traced arguments (`in_range`), a traced int[], a device argument, non-tensor returns)."""
+        the Python kernel for every call (randomness, index checks, host range checks of traced
+        arguments (`in_range`), a traced int[], a device argument, lists of optional tensors,
+        returns other than tensors and tensor lists)."""
         lowering = self.lowering
-        if (self.tensor_lists or self.scalar_lists or self.random or lowering.index_probes is not None
+        arguments = self.op._schema.arguments
+        if (self.random or lowering.index_probes is not None
                 or lowering.host_indices or "device" in self.sig.names or lowering.in_range is not None
-                or any(str(self.op._schema.arguments[i].type).startswith("List") for i in self.traced_static)):
+                or any(str(arguments[i].type) != "List[Tensor]" for i in self.tensor_lists)
+                or any(str(arguments[i].type).startswith("List") for i in self.traced_static)):
             return None
-        if not all(str(r.type) == "Tensor" and r.alias_info is None for r in self.op._schema.returns):
+        if not all(str(r.type) in ("Tensor", "List[Tensor]") and r.alias_info is None for r in self.op._schema.returns):
             return None
         plan = []
-        for i, (arg, kind) in enumerate(zip(self.op._schema.arguments, self.sig.kinds)):
+        for i, (arg, kind) in enumerate(zip(arguments, self.sig.kinds)):
             if kind == TENSOR:
                 plan.append(FAST_TENSOR)
+            elif kind == TENSOR_LIST:
+                plan.append(FAST_TENSOR_LIST)
+            elif kind == SCALAR_LIST:
+                plan.append(FAST_SCALAR_LIST)
             elif i in self.scalars:
                 plan.append(FAST_SCALAR)
             else:

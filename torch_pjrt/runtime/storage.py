@@ -325,6 +325,9 @@ class Geometry(NamedTuple):
     dtype: object  # the view's JAX dtype
     conj: bool = False  # torch's lazy conjugate bit
     neg: bool = False  # torch's lazy negative bit
+    # the view is a rectangular block of the buffer laid out as a grid by its strides, at its offset
+    # (no dim carries into the next): read with one N-d dynamic slice (see _is_block)
+    block: bool = False
 
 
 @jax.tree_util.register_pytree_node_class
@@ -359,7 +362,7 @@ class StridedView:
         if static is None:
             if len(_STATIC_GEOMETRY) > 4096:
                 _STATIC_GEOMETRY.clear()
-            static = _STATIC_GEOMETRY[g] = Geometry(*g)._replace(offset=None)
+            static = _STATIC_GEOMETRY[g] = Geometry(*g)._replace(offset=None, block=_is_block(g[0], g[1], g[2]))
         return (self.buffer, offset_operand(g[2])), static
 
     @classmethod
@@ -476,15 +479,15 @@ def _memory_order(size, stride):
     return dims
 
 
-def read_view(buf, size, stride, offset, dtype, conj=False, neg=False):
+def read_view(buf, size, stride, offset, dtype, conj=False, neg=False, block=False):
     """The value of the view (size, stride, offset, dtype) of a storage buffer, with
     torch's lazy conjugate and negative bits applied."""
-    x = _strided(buf, size, stride, offset, dtype)
+    x = _strided(buf, size, stride, offset, dtype, block)
     x = jnp.conj(x) if conj else x
     return -x if neg else x
 
 
-def _strided(buf, size, stride, offset, dtype):
+def _strided(buf, size, stride, offset, dtype, block=False):
     """The view's elements; `offset` may be traced (the geometry's other parts are static)."""
     if isinstance(buf, Padded):
         buf = buf.resolve()
@@ -496,6 +499,15 @@ def _strided(buf, size, stride, offset, dtype):
         return flat[_element_indices(size, stride, 0) + offset]
     if not dims:
         x = jax.lax.dynamic_index_in_dim(flat, offset, keepdims=False)
+    elif block and flat.size % dims[0][2] == 0:
+        # the buffer as a grid whose axes step by the view's strides; the view is one block of it,
+        # at the offset's digits. XLA fuses this slice into its producer and consumer, where the
+        # flat slice below materializes whole rows of the outermost span.
+        strides = [s for _, _, s in dims] + ([1] if dims[-1][2] > 1 else [])
+        grid = [flat.size // strides[0]] + [outer // inner for outer, inner in zip(strides, strides[1:])]
+        starts = [offset // strides[0]] + [(offset // s) % n for s, n in zip(strides[1:], grid[1:])]
+        x = jax.lax.dynamic_slice(flat.reshape(grid), starts, [n for _, n, _ in dims] + [1] * (len(grid) - len(dims)))
+        x = x.reshape(x.shape[:len(dims)])
     else:  # slice the outermost span, then peel each inner dimension off by reshape + slice
         _, n0, s0 = dims[0]
         extent = 1 + sum((n - 1) * s for _, n, s in dims)  # the elements from the first to the last
@@ -504,11 +516,27 @@ def _strided(buf, size, stride, offset, dtype):
         for _, n, s in dims[1:]:
             x = x[..., : n * s].reshape(*x.shape[:-1], n, s)
         x = x[..., 0]
+    if dims:  # memory order -> logical order
         logical = [d for d, _, _ in dims]
         x = jnp.transpose(x, np.argsort(logical)) if logical != sorted(logical) else x
     kept = {d for d, _, _ in dims}
     x = x.reshape([size[d] if d in kept else 1 for d in range(len(size))])
     return jnp.broadcast_to(x, size)
+
+
+def _is_block(size, stride, offset: int) -> bool:
+    """Whether the view is a block of its buffer seen as a grid whose axes step by the view's
+    strides (each stride a multiple of the next): true when, at this offset, no dim runs past
+    its grid axis into the next (the q, k and v thirds of a fused projection, x[i], x[:, 2:5];
+    not a flat window that wraps across rows). Part of the static geometry, so every offset an
+    executable meets is a block if one is."""
+    dims = _memory_order(size, stride)
+    if not dims:
+        return False
+    for (_, _, outer), (_, n, s) in zip(dims, dims[1:]):
+        if outer % s or (offset // s) % (outer // s) + n > outer // s:
+            return False
+    return True
 
 
 def _is_contiguous(size, stride) -> bool:

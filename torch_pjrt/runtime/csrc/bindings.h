@@ -40,7 +40,8 @@ bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 
 // ---- fast_path.cpp ----
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
-                       py::object strided_view, py::object pending_type, py::dict torch_to_jax);
+                       py::object strided_view, py::object record_call, py::object pending_type,
+                       py::dict torch_to_jax);
 void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead of running their executable
 // Self's storage takes `result` (an array or a Pending) as its buffer when it is exactly self's
 // new value (self is its whole storage, same shape and dtype); false, and nothing done, otherwise.

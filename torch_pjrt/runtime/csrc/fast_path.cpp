@@ -36,7 +36,9 @@ TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
 
 namespace torch_pjrt {
 
-enum ArgKind : int { kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5 };
+enum ArgKind : int {
+  kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5, kTensorList = 6, kScalarList = 7
+};
 
 struct EagerHelpers {
   PyObject* weak_scalar = nullptr;   // eager._weak_scalar: a Python number as a cached weakly typed JAX scalar
@@ -44,6 +46,7 @@ struct EagerHelpers {
   PyObject* record = nullptr;        // storage._recent.append: synchronize's bookkeeping
   PyObject* array_type = nullptr;    // jax's concrete array class
   PyObject* strided_view = nullptr;  // storage.view_of (a StridedView)
+  PyObject* record_call = nullptr;   // fused.record(recordable, args): a call recorded into the region
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
@@ -167,7 +170,9 @@ class FastKernel : public c10::OperatorKernel {
       }
       if (!fast || device < 0) return slow(op, stack, n);
       bool record = g_fused && !at::globalContext().deterministicAlgorithms();
-      PyObject* out = PyObject_Call(record ? recorded_ : run_, values.ptr(), nullptr);
+      // fused.record directly: this kernel already knows that fused mode records (Recordable.__call__'s test)
+      PyObject* out = record ? PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, values.ptr(), nullptr)
+                             : PyObject_Call(run_, values.ptr(), nullptr);
       if (!out) {
         // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
         if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
@@ -177,9 +182,15 @@ class FastKernel : public c10::OperatorKernel {
       result = py::reinterpret_steal<py::object>(out);
     }
     if (store_) {
-      at::Tensor self = (*stack)[stack->size() - n].toTensor();
+      c10::IValue self = (*stack)[stack->size() - n];
       torch::jit::drop(*stack, n);
-      store(self, result);
+      if (self.isTensorList()) {  // a foreach op_: each tensor takes its result; it returns nothing
+        auto targets = self.toTensorList();
+        py::sequence results = py::reinterpret_borrow<py::sequence>(result);
+        for (size_t i = 0; i < targets.size(); i++) store(targets[i], results[i]);
+        return;
+      }
+      store(self.toTensor(), result);
       torch::jit::push(*stack, std::move(self));
       return;
     }
@@ -191,6 +202,25 @@ class FastKernel : public c10::OperatorKernel {
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
   // `written`: self of an in-place op.
   py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
+    if (kind == kTensorList) {  // each element as a tensor operand (a foreach op's lists)
+      auto tensors = v.toTensorList();
+      py::list out(tensors.size());
+      for (size_t i = 0; i < tensors.size() && fast; i++) {
+        py::object item = tensor_operand(tensors[i], device, fast, written);
+        if (fast) PyList_SET_ITEM(out.ptr(), i, item.release().ptr());
+      }
+      return out;
+    }
+    if (kind == kScalarList) {
+      auto scalars = v.toListRef();
+      py::list out(scalars.size());
+      for (size_t i = 0; i < scalars.size() && fast; i++) {
+        PyObject* s = scalars[i].isScalar() ? weak_scalar(scalars[i].toScalar()) : nullptr;
+        if (!s) fast = false;
+        else PyList_SET_ITEM(out.ptr(), i, py::reinterpret_borrow<py::object>(s).release().ptr());
+      }
+      return out;
+    }
     if (kind == kScalar) {
       if (v.isNone()) return py::none();
       PyObject* s = v.isScalar() ? weak_scalar(v.toScalar()) : nullptr;
@@ -199,7 +229,10 @@ class FastKernel : public c10::OperatorKernel {
     }
     if (kind != kTensor) return static_value(v, kind);
     if (v.isNone()) return py::none();
-    const at::Tensor& t = v.toTensor();
+    return tensor_operand(v.toTensor(), device, fast, written);
+  }
+
+  py::object tensor_operand(const at::Tensor& t, int& device, bool& fast, bool written) {
     if (!t.defined()) return py::none();
     if (t.device().type() == kPjrt) {
       int index = t.device().index();
@@ -257,11 +290,19 @@ class FastKernel : public c10::OperatorKernel {
 
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
                     c10::DeviceIndex device) {
-    if (op.schema().returns().size() == 1) {
-      torch::jit::push(*stack, wrap_result(op, result.ptr(), device));
+    const auto& returns = op.schema().returns();
+    auto one = [&](size_t i, PyObject* value) -> c10::IValue {
+      if (returns[i].type()->kind() != c10::TypeKind::ListType) return wrap_result(op, value, device);
+      c10::List<at::Tensor> list;  // a Tensor[] return (foreach ops)
+      for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(wrap_result(op, item.ptr(), device));
+      return list;
+    };
+    if (returns.size() == 1) {
+      torch::jit::push(*stack, one(0, result.ptr()));
       return;
     }
-    for (auto item : result) torch::jit::push(*stack, wrap_result(op, item.ptr(), device));
+    size_t i = 0;
+    for (auto item : result) torch::jit::push(*stack, one(i++, item.ptr()));
   }
 
   // The Python kernel with the arguments as Python objects (all positional: it binds by schema order).
@@ -269,19 +310,30 @@ class FastKernel : public c10::OperatorKernel {
     auto args = torch::jit::last(*stack, n);
     py::tuple values(n);
     for (size_t i = 0; i < n; i++) {
-      py::object value = (kinds_[i] == kTensor || kinds_[i] == kScalar) ? torch::jit::toPyObject(args[i])
-                                                                          : static_value(args[i], kinds_[i]);
+      py::object value = (kinds_[i] == kTensor || kinds_[i] == kScalar || kinds_[i] == kTensorList ||
+                          kinds_[i] == kScalarList)
+                             ? torch::jit::toPyObject(args[i])
+                             : static_value(args[i], kinds_[i]);
       PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
     }
     torch::jit::drop(*stack, n);
     PyObject* out = PyObject_Call(slow_, values.ptr(), nullptr);
     if (!out) throw python_error();
     py::object result = py::reinterpret_steal<py::object>(out);
-    if (op.schema().returns().size() == 1) {
-      torch::jit::push(*stack, unpack(op, result.ptr()));
+    const auto& returns = op.schema().returns();
+    auto one = [&](size_t i, PyObject* value) -> c10::IValue {
+      if (returns[i].type()->kind() != c10::TypeKind::ListType) return unpack(op, value);
+      c10::List<at::Tensor> list;
+      for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(unpack(op, item.ptr()));
+      return list;
+    };
+    if (returns.empty()) return;  // a foreach op_
+    if (returns.size() == 1) {
+      torch::jit::push(*stack, one(0, result.ptr()));
       return;
     }
-    for (auto item : result) torch::jit::push(*stack, unpack(op, item.ptr()));
+    size_t i = 0;
+    for (auto item : result) torch::jit::push(*stack, one(i++, item.ptr()));
   }
 
   static at::Tensor unpack(const c10::OperatorHandle& op, PyObject* obj) {
@@ -301,9 +353,10 @@ class FastKernel : public c10::OperatorKernel {
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
-                       py::object strided_view, py::object pending_type, py::dict torch_to_jax) {
+                       py::object strided_view, py::object record_call, py::object pending_type,
+                       py::dict torch_to_jax) {
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
-             array_type.release().ptr(), strided_view.release().ptr()};
+             array_type.release().ptr(), strided_view.release().ptr(), record_call.release().ptr()};
   g_pending_type = pending_type.release().ptr();
   for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
     auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
