@@ -78,7 +78,17 @@ def test_singular_info_and_det():
     m = torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]])
     _, info = run(aten.linalg_inv_ex.default, m)
     assert int(info) > 0
-    check(aten._linalg_det.default, m, **TOL)
+    # the LU factors of a singular matrix follow rounding: a pivot is 0 or an ulp (CPU torch's
+    # LAPACK gives -1.2e-7 on some CPUs, 0 on others), and the multiplier under it 0 or 0.5.
+    # Compared: the determinant, the pivots, and that the factors reproduce the matrix (the
+    # factors are of its column-major layout, the transpose, on CPU as on pjrt).
+    det, lu, pivots = run(aten._linalg_det.default, m)
+    cpu_det, cpu_lu, cpu_pivots = aten._linalg_det.default(m)
+    torch.testing.assert_close(det.cpu(), cpu_det, **TOL)
+    assert torch.equal(pivots.cpu(), cpu_pivots)
+    for factors in (lu.cpu(), cpu_lu):
+        p_, l_, u_ = torch.lu_unpack(factors, pivots.cpu())
+        torch.testing.assert_close(p_ @ l_ @ u_, m.mT, **TOL)
     p = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # one row swap: det -1
     check(aten._linalg_det.default, p)
     check(aten._linalg_slogdet.default, -p * 3)

@@ -137,6 +137,8 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
     expected = cpu_error(op, args, kwargs)
     if expected is not None:
         return expected
+    if getattr(error, "pjrt_refusal", False):  # registry.refusal: the op refuses whatever the host CPU does
+        return error
     if isinstance(error, MetaRejected):
         _META_UNRELIABLE.add(op)
         return None

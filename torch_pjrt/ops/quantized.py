@@ -20,7 +20,7 @@ from jax import lax
 from torch._higher_order_ops.out_dtype import out_dtype
 
 from ..dtypes import FLOAT8, c10_name, to_jax, to_torch
-from .registry import LOWERINGS, Padding, family
+from .registry import LOWERINGS, Padding, family, refusal
 from .shape import convert
 
 lowering = family()
@@ -84,7 +84,7 @@ def _scaled_mm_scaling(self, mat2, scale_a, scale_b) -> str:
     elif float8 and float_scales and scale_a.shape == (self.shape[0], 1) and scale_b.shape == (1, mat2.shape[1]):
         kind = "rowwise"
     else:
-        raise _invalid_scaling(self, mat2, scale_a, scale_b)
+        raise refusal(_invalid_scaling(self, mat2, scale_a, scale_b))
     if self.shape[1] != mat2.shape[0]:
         raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({self.shape[0]}x{self.shape[1]} "
                            f"and {mat2.shape[0]}x{mat2.shape[1]})")

@@ -41,6 +41,15 @@ import torch
 OpOverload = torch._ops.OpOverload
 
 
+def refusal(error: Exception) -> Exception:
+    """Mark `error`, raised by a lowering in torch's type and words, as the op's own refusal of
+    the call: eager raises it even where the host CPU's torch accepts the call (torch's CPU
+    kernels differ by ISA: with oneDNN's float8 path, CPU _scaled_mm takes float64 scales, which
+    CUDA and CPU's reference path refuse), so pjrt's answer does not depend on the host CPU."""
+    error.pjrt_refusal = True
+    return error
+
+
 @dataclass(frozen=True)
 class Padding:
     """How padded execution (compiler/padding.py) runs an op over zero-padded dynamic dims:
