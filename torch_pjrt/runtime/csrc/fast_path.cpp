@@ -2,8 +2,9 @@
 // choice for pjrt tensors.
 //
 // Crossing from the dispatcher into a Python kernel converts every argument and
-// costs about as much as the XLA call itself. For the common call (tensor operands
-// that are pjrt tensors on one device, Python numbers, plain static arguments) this
+// costs about as much as the XLA call itself. For the common call (tensor operands and
+// tensor lists of pjrt tensors on one device, Python numbers and lists of them, plain
+// static arguments) this
 // kernel builds the op's executable arguments and wraps its results here; every other
 // call goes to the op's Python kernel (eager.Kernel), which owns the full semantics.
 #include "bindings.h"
@@ -290,19 +291,28 @@ class FastKernel : public c10::OperatorKernel {
 
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
                     c10::DeviceIndex device) {
+    push_returns(op, stack, result.ptr(), [&](PyObject* array) { return wrap_result(op, array, device); });
+  }
+
+  // The op's returns from `result` (the value itself for one return, else one item per return),
+  // each tensor made by `tensor` (a Tensor[] return: a sequence of them).
+  template <typename ToTensor>
+  static void push_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack, PyObject* result,
+                           ToTensor tensor) {
     const auto& returns = op.schema().returns();
     auto one = [&](size_t i, PyObject* value) -> c10::IValue {
-      if (returns[i].type()->kind() != c10::TypeKind::ListType) return wrap_result(op, value, device);
+      if (returns[i].type()->kind() != c10::TypeKind::ListType) return tensor(value);
       c10::List<at::Tensor> list;  // a Tensor[] return (foreach ops)
-      for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(wrap_result(op, item.ptr(), device));
+      for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(tensor(item.ptr()));
       return list;
     };
+    if (returns.empty()) return;  // a foreach op_
     if (returns.size() == 1) {
-      torch::jit::push(*stack, one(0, result.ptr()));
+      torch::jit::push(*stack, one(0, result));
       return;
     }
     size_t i = 0;
-    for (auto item : result) torch::jit::push(*stack, one(i++, item.ptr()));
+    for (auto item : py::reinterpret_borrow<py::object>(result)) torch::jit::push(*stack, one(i++, item.ptr()));
   }
 
   // The Python kernel with the arguments as Python objects (all positional: it binds by schema order).
@@ -320,20 +330,7 @@ class FastKernel : public c10::OperatorKernel {
     PyObject* out = PyObject_Call(slow_, values.ptr(), nullptr);
     if (!out) throw python_error();
     py::object result = py::reinterpret_steal<py::object>(out);
-    const auto& returns = op.schema().returns();
-    auto one = [&](size_t i, PyObject* value) -> c10::IValue {
-      if (returns[i].type()->kind() != c10::TypeKind::ListType) return unpack(op, value);
-      c10::List<at::Tensor> list;
-      for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(unpack(op, item.ptr()));
-      return list;
-    };
-    if (returns.empty()) return;  // a foreach op_
-    if (returns.size() == 1) {
-      torch::jit::push(*stack, one(0, result.ptr()));
-      return;
-    }
-    size_t i = 0;
-    for (auto item : result) torch::jit::push(*stack, one(i++, item.ptr()));
+    push_returns(op, stack, result.ptr(), [&](PyObject* obj) { return unpack(op, obj); });
   }
 
   static at::Tensor unpack(const c10::OperatorHandle& op, PyObject* obj) {
