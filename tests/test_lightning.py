@@ -1,0 +1,156 @@
+"""PyTorch Lightning on pjrt (torch_pjrt/integrations/lightning.py), against the real package:
+a small regression trained with the pjrt accelerator gives the CPU run's losses and weights,
+on one device and with DDP on 2 processes (torchrun) over the "pjrt" process group.
+
+Run as a script (`python tests/test_lightning.py ddp OUT`) this file is the DDP worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+def make_module(pl):
+    class Regression(pl.LightningModule):
+        """An MLP on fixed random data; records each step's loss."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+            self.losses: list[torch.Tensor] = []
+
+        def training_step(self, batch, index):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    return Regression()
+
+
+def fit(pl, **trainer_kwargs) -> tuple[list[float], dict[str, torch.Tensor], str]:
+    """(losses, final weights on the CPU, device the batches ran on) of STEPS steps."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    module = make_module(pl)
+    trainer = pl.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, **trainer_kwargs)
+    trainer.fit(module, data)
+    weights = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    return [loss.item() for loss in module.losses], weights, str(module.losses[0].device)
+
+
+def assert_same_run(a, b) -> None:
+    torch.testing.assert_close(torch.tensor(a[0]), torch.tensor(b[0]), rtol=1e-5, atol=1e-6)
+    for name in a[1]:
+        torch.testing.assert_close(a[1][name], b[1][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def pl():
+    pytest.importorskip("lightning")
+    import lightning.pytorch
+
+    return lightning.pytorch
+
+
+@pytest.fixture(scope="module")
+def cpu_run(pl):
+    return fit(pl, accelerator="cpu")
+
+
+def test_pjrt_accelerator_is_registered_on_import(pl):
+    assert "pjrt" in pl.accelerators.AcceleratorRegistry.available_accelerators()
+    assert "single_pjrt" in pl.strategies.StrategyRegistry.available_strategies()
+
+
+def test_one_device_matches_cpu(pl, cpu_run):
+    run = fit(pl, accelerator="pjrt", devices=1, strategy="single_pjrt")
+    assert run[2] == "pjrt:0"
+    assert_same_run(run, cpu_run)
+
+
+def test_accelerator_alone_names_the_strategy(pl):
+    """Lightning 2.6 gives an accelerator it does not know a CPU strategy for one device: an error, not CPU training."""
+    with pytest.raises(ValueError, match="strategy='single_pjrt'"):
+        fit(pl, accelerator="pjrt", devices=1)
+
+
+def test_cpu_run_says_pjrt_is_unused(pl):
+    """The callback the entry point installs (Lightning's "auto" has no hook: see docs/ecosystem-lightning.md)."""
+    from torch_pjrt.integrations import lightning as integration
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(pl, accelerator="cpu", callbacks=integration.lightning_callbacks())
+    assert any("pjrt available but not used" in str(w.message) for w in caught)
+
+
+def test_callbacks_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    names = [e.value for e in entry_points(group="lightning.pytorch.callbacks_factory")]
+    if not names:
+        pytest.skip("entry point not installed yet: add it to pyproject.toml and reinstall (pip install -e .)")
+    assert "torch_pjrt.integrations.lightning:lightning_callbacks" in names
+
+
+def test_ddp_two_processes_matches_gloo(tmp_path):
+    """torchrun, 2 processes, Trainer(accelerator="pjrt", devices=2, strategy="ddp_pjrt") on the "pjrt" process group
+    against the same run on the CPU with gloo. The workers never import torch_pjrt: `import lightning` finds pjrt."""
+    pytest.importorskip("lightning")
+    env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="2", PYTHONPATH=str(REPO),
+               OMP_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(Path(__file__)), "ddp", str(tmp_path / "out{rank}.json")]
+    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # torchrun and its workers
+        raise
+    assert job.returncode == 0, output[-4000:]
+    for rank in range(2):
+        value = json.loads((tmp_path / f"out{rank}.json").read_text())
+        assert value["backend"] == "pjrt" and value["device"] == f"pjrt:{rank}"
+        assert value["cpu_backend"] == "gloo"
+        torch.testing.assert_close(torch.tensor(value["pjrt"]), torch.tensor(value["cpu"]), rtol=1e-5, atol=1e-6)
+
+
+def ddp_worker(out: str) -> None:
+    """One torchrun worker: the DDP run on pjrt, then on the CPU (gloo); losses and weights to `out`."""
+    import lightning.pytorch as pl
+
+    rank = int(os.environ["RANK"])
+    result = {}
+    for accelerator, strategy in (("pjrt", "ddp_pjrt"), ("cpu", "ddp")):
+        losses, weights, device = fit(pl, accelerator=accelerator, devices=2, strategy=strategy)
+        backend = torch.distributed.get_backend()
+        torch.distributed.destroy_process_group()  # the next Trainer starts its own group
+        result[accelerator] = losses + [v for w in weights.values() for v in w.flatten().tolist()]
+        if accelerator == "pjrt":
+            result.update(backend=backend, device=device)
+        else:
+            result["cpu_backend"] = backend
+    Path(out.format(rank=rank)).write_text(json.dumps(result))
+
+
+if __name__ == "__main__" and sys.argv[1] == "ddp":
+    ddp_worker(sys.argv[2])
