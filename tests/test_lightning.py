@@ -86,10 +86,33 @@ def test_one_device_matches_cpu(pl, cpu_run):
     assert_same_run(run, cpu_run)
 
 
+def test_pytorch_lightning_package_too(cpu_run):
+    """The same code shipped as `pytorch_lightning`: its own registries, the same run."""
+    pytorch_lightning = pytest.importorskip("pytorch_lightning")
+    assert "pjrt" in pytorch_lightning.accelerators.AcceleratorRegistry.available_accelerators()
+    assert_same_run(fit(pytorch_lightning, accelerator="pjrt", devices=1, strategy="single_pjrt"), cpu_run)
+
+
 def test_accelerator_alone_names_the_strategy(pl):
     """Lightning 2.6 gives an accelerator it does not know a CPU strategy for one device: an error, not CPU training."""
     with pytest.raises(ValueError, match="strategy='single_pjrt'"):
         fit(pl, accelerator="pjrt", devices=1)
+
+
+def test_single_pjrt_without_accelerator_says_so(pl):
+    with pytest.raises(ValueError, match="needs accelerator='pjrt'"):
+        fit(pl, strategy="single_pjrt", devices=1)
+
+
+def test_bf16_mixed_autocasts_on_pjrt(pl, cpu_run):
+    """precision="bf16-mixed": Lightning builds a CUDA autocast for an accelerator it does not know; the
+    accelerator points it at pjrt, so the run matches the CPU's bf16 autocast (and not float32)."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    run = fit(pl, accelerator="pjrt", devices=1, strategy="single_pjrt", precision="bf16-mixed")
+    cpu = fit(pl, accelerator="cpu", devices=1, plugins=[MixedPrecision("bf16-mixed", "cpu")])
+    torch.testing.assert_close(torch.tensor(run[0]), torch.tensor(cpu[0]), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(torch.tensor(run[0]), torch.tensor(cpu_run[0]), rtol=1e-4, atol=0)
 
 
 def test_cpu_run_says_pjrt_is_unused(pl):

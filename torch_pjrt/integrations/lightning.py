@@ -82,13 +82,25 @@ def accelerator_class(pl: ModuleType) -> type:
             torch.pjrt.set_device(device)
 
         def setup(self, trainer: Any) -> None:
-            # Called first in DDPStrategy.setup, before the model is wrapped.
+            # Called first in Strategy.setup, before the model moves or is wrapped, so a choice Lightning made
+            # for "a device that is not CPU or MPS, hence CUDA" is caught here.
             if type(trainer.strategy) is pl.strategies.DDPStrategy:
                 raise ValueError(
                     f"Trainer(accelerator='pjrt', strategy='ddp'): Lightning's DDPStrategy builds DDP inside a "
                     f"torch.cuda.stream for every non-CPU device. Pass strategy='{DDP}' (the same DDP, on the "
                     "'pjrt' process group)."
                 )
+            precision = trainer.precision_plugin
+            if isinstance(precision, pl.plugins.MixedPrecision) and precision.device == "cuda":
+                if precision.precision != "bf16-mixed":
+                    raise ValueError(
+                        f"Trainer(accelerator='pjrt', precision={precision.precision!r}): Lightning builds a CUDA "
+                        "autocast and grad scaler for it. Pass plugins=[MixedPrecision('16-mixed', 'pjrt', "
+                        "scaler=torch.amp.GradScaler('pjrt'))] instead of precision=, or use 'bf16-mixed'."
+                    )
+                # Lightning names "cuda" for every accelerator but CPU and MPS; CUDA autocast does nothing to
+                # pjrt tensors (the run would quietly stay float32). bf16 needs no scaler: the device is the fix.
+                precision.device = NAME
 
         def get_device_stats(self, device: torch.device | str | int) -> dict[str, Any]:
             return torch.pjrt.memory_stats(device)
@@ -123,7 +135,7 @@ def accelerator_class(pl: ModuleType) -> type:
     return PJRTAccelerator
 
 
-def single_device_strategy_class(pl: ModuleType) -> type:
+def single_device_strategy_class(pl: ModuleType, accelerator: type) -> type:
     """`strategy="single_pjrt"`: one pjrt device (`pjrt:0` unless given)."""
 
     class SinglePJRTStrategy(pl.strategies.SingleDeviceStrategy):
@@ -131,6 +143,13 @@ def single_device_strategy_class(pl: ModuleType) -> type:
 
         def __init__(self, device: torch.device | str | int = 0, **kwargs: Any) -> None:
             super().__init__(device=torch.device(NAME, device) if isinstance(device, int) else device, **kwargs)
+
+        def setup_environment(self) -> None:
+            # A strategy from the registry gets Lightning's "auto" accelerator (the CPU) unless one is named.
+            if not isinstance(self.accelerator, accelerator):
+                raise ValueError(f"strategy='{SINGLE}' needs accelerator='pjrt': Trainer(accelerator='pjrt', "
+                                 f"strategy='{SINGLE}').")
+            super().setup_environment()
 
         @classmethod
         def register_strategies(cls, strategy_registry: Any) -> None:
@@ -165,7 +184,7 @@ def register(package: str) -> None:
     pl = sys.modules[package]
     accelerator = accelerator_class(pl)
     accelerator.register_accelerators(pl.accelerators.AcceleratorRegistry)
-    single_device_strategy_class(pl).register_strategies(pl.strategies.StrategyRegistry)
+    single_device_strategy_class(pl, accelerator).register_strategies(pl.strategies.StrategyRegistry)
     ddp_strategy_class(pl).register_strategies(pl.strategies.StrategyRegistry)
     registered[package] = accelerator
 
