@@ -432,6 +432,11 @@ def _composite_implicit(op) -> bool:
     return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
+def _composite_explicit(op) -> bool:
+    """torch's generated kernel (out= overloads: the functional op, then a resize and copy)."""
+    return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
 def _variants(op):
     """The in-place and out= overloads derived from functional overload `op`: those whose
     other arguments have the same names and kinds (pow_.Scalar is not pow.Scalar's)."""
@@ -485,8 +490,9 @@ def register(special: dict) -> None:
         if inplace is not None and inplace not in LOWERINGS and not _composite_implicit(inplace):
             kernels[inplace] = InplaceKernel(inplace, functional)
         for out in outs:
-            if not _composite_implicit(out):
-                kernels[out] = OutKernel(out, functional)
+            if _composite_implicit(out) or (op in special and _composite_explicit(out)):
+                continue  # torch's out= wrapper serves it over the special functional kernel, as on CPU
+            kernels[out] = OutKernel(out, functional)
     for op, lowering in LOWERINGS.items():  # lowerings registered on ops that write their arguments
         if Signature.of(op).written and not _is_view(op) and op not in kernels:
             kernels[op] = MutatingKernel(lowering)

@@ -13,6 +13,7 @@ import torch
 from ..runtime import index_checks as bounds, platform, storage
 from ..runtime.fused import Recordable
 from ..dtypes import astype, to_jax
+from . import errors
 
 aten = torch.ops.aten
 
@@ -23,6 +24,10 @@ def _is_pjrt(t: torch.Tensor) -> bool:
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """dst.copy_(src) where either side is on pjrt (host<->pjrt, pjrt:i<->pjrt:j)."""
+    if _is_pjrt(dst) and errors.may_overlap(aten.copy_.default, dst, (src,), {}):
+        # torch's copy_ hands other devices to _copy_from before its TensorIterator's overlap
+        # checks: an expanded dst or one sharing part of src raises here, as on CPU
+        errors.check_writes(aten.copy_.default, (dst, src), {}, [dst])
     if _is_pjrt(src) and _is_pjrt(dst):
         if src.get_device() != dst.get_device():
             value = jax.device_put(storage.read(src), platform.device(dst.get_device()))

@@ -42,6 +42,35 @@ def _unsafe_view(self: torch.Tensor, size) -> torch.Tensor:
     return aten._reshape_alias.default(self, geometry.shape, geometry.stride())
 
 
+def as_strided_copy(self: torch.Tensor, size, stride, storage_offset=None) -> torch.Tensor:
+    """CPU's: a contiguous copy of as_strided, which addresses self's storage (an offset of
+    None is self's own), not self's elements as the lowering sees them."""
+    return self.as_strided(size, stride, storage_offset).clone(memory_format=torch.contiguous_format)
+
+
+def _clone_preserve_strides(self: torch.Tensor) -> torch.Tensor:
+    """CPU's clone_preserve_strides: a copy of self's whole storage, laid out as self (an
+    internally overlapping self is cloned plainly, as CPU does, since it is written next)."""
+    if torch._debug_has_internal_overlap(self) == 1:
+        return self.clone()
+    whole = self.as_strided((self.untyped_storage().nbytes() // self.element_size(),), (1,), 0)
+    return whole.clone().as_strided(self.shape, self.stride(), self.storage_offset())
+
+
+def as_strided_scatter(self: torch.Tensor, src: torch.Tensor, size, stride, storage_offset=None) -> torch.Tensor:
+    """CPU's composite: src written through as_strided of a copy of self's whole storage, so
+    the offset and strides address storage positions (a view's offset counts), and the result
+    keeps self's layout. Storage bounds and overlaps raise in as_strided and copy_, as on CPU."""
+    output = _clone_preserve_strides(self)
+    target = output.as_strided(size, stride, storage_offset)
+    if target.shape != src.shape:
+        raise RuntimeError(f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, "
+                           f"slice size = {list(target.shape)}")
+    target.copy_(src)
+    return output
+
+
 def kernels() -> dict:
     return {aten.view_as_real.default: view_as_real, aten.view_as_complex.default: view_as_complex,
-            aten._unsafe_view.default: _unsafe_view}
+            aten._unsafe_view.default: _unsafe_view, aten.as_strided_copy.default: as_strided_copy,
+            aten.as_strided_scatter.default: as_strided_scatter}

@@ -97,13 +97,17 @@ def _reshape_alias(self, size, stride):
     return jnp.reshape(self, tuple(size))
 
 
-@lowering(aten.as_strided.default, aten.as_strided_copy.default)
+@lowering(aten.as_strided.default, aten.as_strided_copy.default,
+          eager="as_strided: a view (C++ metadata kernel); as_strided_copy: eager/view_kernels.py, which "
+                "addresses self's storage as CPU does (the lowering sees self's elements)")
 def as_strided(self, size, stride, storage_offset=None):
     idx = strided_indices(size, stride, storage_offset or 0)
     return jnp.take(self.reshape(-1), idx, mode="clip") if self.size else jnp.zeros(tuple(size), self.dtype)
 
 
-@lowering(aten.as_strided_scatter.default)
+@lowering(aten.as_strided_scatter.default,
+          eager="eager/view_kernels.py: CPU's composite over a copy of self's whole storage (a view's "
+                "offset counts; the lowering sees self's elements only)")
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
     """src written through as_strided(size, stride, storage_offset) of a copy of self. CPU
     addresses self's storage; the lowering sees self's elements, which are its storage where

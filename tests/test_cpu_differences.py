@@ -1,0 +1,95 @@
+"""Silent differences from CPU torch (issue 32): calls where pjrt returned another value, or
+raised nothing where CPU raises. Each runs on CPU (the reference) and on pjrt.
+
+Values are compared exactly, with the result's layout where CPU's is part of the op's
+contract (as_strided_scatter keeps self's strides and storage offset); errors with
+`assert_raises_like_cpu` (same type, same first line).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.ops.harness import assert_raises_like_cpu
+
+
+def _same_as_cpu(call, layout: bool = False) -> None:
+    """call(device) gives the same tensor on pjrt as on CPU (and the same strides and storage
+    offset where `layout`)."""
+    expected, actual = call("cpu"), call("pjrt")
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+    if layout:
+        assert (actual.stride(), actual.storage_offset()) == (expected.stride(), expected.storage_offset())
+
+
+# --------------------------------------------------------------------------- as_strided on views with an offset
+def _arange_view(d, start=2, stop=10):
+    return torch.arange(12.0, device=d)[start:stop]
+
+
+def _src(d):
+    return torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], device=d)
+
+
+@pytest.mark.parametrize("offset", [None, 0, 1, 3])
+def test_as_strided_scatter_addresses_the_storage_of_a_view(offset):
+    # CPU writes through as_strided of a copy of self's whole storage: the offset is a storage
+    # position, and the result keeps self's strides and offset
+    _same_as_cpu(lambda d: torch.as_strided_scatter(_arange_view(d), _src(d), (2, 2), (1, 2), offset), layout=True)
+
+
+def test_as_strided_scatter_of_a_transposed_view_and_out():
+    _same_as_cpu(lambda d: torch.as_strided_scatter(_arange_view(d, 3, 12).view(3, 3).t(), _src(d), (2, 2), (1, 2), 4),
+                 layout=True)
+    _same_as_cpu(lambda d: torch.ops.aten.as_strided_scatter.out(_arange_view(d), _src(d), (2, 2), (1, 2), 1,
+                                                                 out=torch.empty(8, device=d)))
+
+
+def test_as_strided_scatter_gradient_through_a_view():
+    def grads(d):
+        self_ = _arange_view(d).clone().requires_grad_()
+        src = _src(d).requires_grad_()
+        out = torch.as_strided_scatter(self_, src, (2, 2), (1, 2), 1)
+        (out * torch.arange(8.0, device=d)).sum().backward()
+        return torch.cat([self_.grad, src.grad.flatten()])
+
+    _same_as_cpu(grads)
+
+
+@pytest.mark.parametrize("offset", [None, 0, 10])
+def test_as_strided_copy_addresses_the_storage_of_a_view(offset):
+    # OpInfo's as_strided.partial_views: base[5:15] with storage offsets 0 and 10
+    _same_as_cpu(lambda d: torch.as_strided_copy(torch.arange(20.0, device=d)[5:15], (2, 2), (1, 2), offset))
+    _same_as_cpu(lambda d: torch.ops.aten.as_strided_copy.out(torch.arange(20.0, device=d)[5:15], (2, 2), (1, 2),
+                                                              offset, out=torch.empty(2, 2, device=d)))
+    _same_as_cpu(lambda d: torch.as_strided(torch.arange(20.0, device=d)[5:15], (2, 2), (1, 2), offset) * 1)
+
+
+AS_STRIDED_SCATTER_ERRORS = {
+    "src size": lambda d: torch.as_strided_scatter(_arange_view(d), torch.zeros(3, 2, device=d), (2, 2), (1, 2)),
+    "repeated elements": lambda d: torch.as_strided_scatter(_arange_view(d), _src(d), (2, 2), (0, 2)),
+    "past the storage": lambda d: torch.as_strided_scatter(_arange_view(d), _src(d), (2, 2), (1, 20)),
+}
+
+
+@pytest.mark.parametrize("name", AS_STRIDED_SCATTER_ERRORS)
+def test_as_strided_scatter_errors(name):
+    assert_raises_like_cpu(AS_STRIDED_SCATTER_ERRORS[name], name)
+
+
+COPY_OVERLAP_ERRORS = {
+    "into an expanded tensor": lambda d: torch.zeros(3, device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)),
+    "from a host tensor into an expanded tensor": lambda d: torch.zeros(3, device=d).expand(2, 3).copy_(
+        torch.ones(2, 3)),
+    "from a partly overlapping view": lambda d: (lambda x: x[1:].copy_(x[:-1]))(torch.arange(5.0, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", COPY_OVERLAP_ERRORS)
+def test_copy_overlapping_its_target_raises(name):
+    # torch's copy_ hands pjrt to _copy_from before its own overlap checks
+    assert_raises_like_cpu(COPY_OVERLAP_ERRORS[name], name)
+
+
+def test_copy_of_the_same_view_is_allowed():
+    _same_as_cpu(lambda d: (lambda x: x.copy_(x))(torch.arange(5.0, device=d)))
