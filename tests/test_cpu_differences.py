@@ -93,3 +93,56 @@ def test_copy_overlapping_its_target_raises(name):
 
 def test_copy_of_the_same_view_is_allowed():
     _same_as_cpu(lambda d: (lambda x: x.copy_(x))(torch.arange(5.0, device=d)))
+
+
+# --------------------------------------------------------------------------- complex random draws
+# CPU draws a complex tensor over view_as_real(self): both parts, independently (normal_ gives
+# each part half the variance and adds the mean to both). Values cannot match across RNGs; the
+# distribution's moments and ranges must.
+N = 20000
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_uniform_draws_both_parts(dtype):
+    for make in (lambda d: torch.empty(N, dtype=dtype, device=d).uniform_(-3, 2),
+                 lambda d: torch.rand(N, dtype=dtype, device=d) * 5 - (3 + 3j)):
+        x = make("pjrt").cpu()
+        for part in (x.real, x.imag):
+            assert part.dtype == x.real.dtype
+            assert part.min() >= -3 and part.max() < 2
+            assert abs(part.mean().item() + 0.5) < 0.1 and abs(part.var().item() - 25 / 12) < 0.15
+        assert abs(torch.corrcoef(torch.stack([x.real, x.imag]))[0, 1].item()) < 0.05  # independent draws
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_normal_draws_both_parts(dtype):
+    for make in (lambda d: torch.empty(N, dtype=dtype, device=d).normal_(5, 2),
+                 lambda d: torch.randn(N, dtype=dtype, device=d) * 2 + (5 + 5j)):
+        x = make("pjrt").cpu()
+        for part in (x.real, x.imag):
+            assert abs(part.mean().item() - 5) < 0.1
+            assert abs(part.std().item() - 2 / 2 ** 0.5) < 0.05  # CPU: std / sqrt(2) per part
+        assert abs(torch.corrcoef(torch.stack([x.real, x.imag]))[0, 1].item()) < 0.05
+
+
+def test_complex_normal_matches_cpu_moments_with_a_mean():
+    # mean goes to both parts on CPU (not only the real part, as a complex z * std + mean would)
+    cpu = torch.empty(N, dtype=torch.complex64).normal_(3, 1)
+    pjrt = torch.empty(N, dtype=torch.complex64, device="pjrt").normal_(3, 1).cpu()
+    for a, b in ((cpu.real, pjrt.real), (cpu.imag, pjrt.imag)):
+        assert abs(a.mean() - b.mean()) < 0.05 and abs(a.std() - b.std()) < 0.05
+
+
+COMPLEX_RANDOM_ERRORS = {
+    "random_": lambda d: torch.zeros(4, dtype=torch.complex64, device=d).random_(),
+    "random_ to": lambda d: torch.zeros(4, dtype=torch.complex64, device=d).random_(3),
+    "bernoulli_ p": lambda d: torch.zeros(4, dtype=torch.complex64, device=d).bernoulli_(0.5),
+    "bernoulli_ tensor": lambda d: torch.zeros(4, dtype=torch.complex64, device=d).bernoulli_(
+        torch.full((4,), 0.5, device=d)),
+    "bernoulli": lambda d: torch.bernoulli(torch.zeros(4, dtype=torch.complex64, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_RANDOM_ERRORS)
+def test_complex_random_ops_without_a_cpu_kernel_raise(name):
+    assert_raises_like_cpu(COMPLEX_RANDOM_ERRORS[name], name)

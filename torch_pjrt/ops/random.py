@@ -26,6 +26,23 @@ def _float_dtype(x):
     return x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
 
 
+def _over_parts(self, draw):
+    """draw(shape, floating dtype) -> values, in self's dtype. A complex tensor is drawn as CPU
+    draws it, over view_as_real(self): its real and imaginary parts independently, each with
+    the real formula in the component dtype (float64 for complex128)."""
+    dtype = np.dtype(self.dtype)
+    if dtype.kind == "c":
+        parts = draw((*self.shape, 2), np.finfo(dtype).dtype)
+        return jax.lax.complex(parts[..., 0], parts[..., 1]).astype(dtype)
+    return draw(self.shape, _float_dtype(self)).astype(dtype)
+
+
+def _refuse_complex(self, name: str) -> None:
+    """CPU has no kernel of `name` for complex tensors: the oracle raises its NotImplementedError."""
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        raise TypeError(f"{name} has no kernel for {np.dtype(self.dtype).name}")
+
+
 def _normal_in_range(values) -> bool:
     """normal_'s traced std, checked on the host (CPU torch names the error)."""
     return values[0].dtype.is_floating_point and values[2] >= 0
@@ -33,8 +50,9 @@ def _normal_in_range(values) -> bool:
 
 @lowering(aten.normal_.default, traced=("mean", "std"), in_range=_normal_in_range)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
-    z = jax.random.normal(key(generator), self.shape, _float_dtype(self))
-    return (z * std + mean).astype(self.dtype)
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        std = std / np.sqrt(2)  # CPU: each part gets half the variance; mean goes to both parts
+    return _over_parts(self, lambda shape, dtype: jax.random.normal(key(generator), shape, dtype) * std + mean)
 
 
 def _uniform_real_dtype(self):
@@ -78,8 +96,7 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
         _check_uniform_range(self, from_, to)
     else:
         _uniform_real_dtype(self)
-    u = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
-    return (u * (to - from_) + from_).astype(self.dtype)
+    return _over_parts(self, lambda shape, dtype: jax.random.uniform(key(generator), shape, dtype) * (to - from_) + from_)
 
 
 def _probability(values, position: int) -> bool:
@@ -90,17 +107,20 @@ def _probability(values, position: int) -> bool:
 
 @lowering(aten.bernoulli_.float, traced=("p",), in_range=lambda values: _probability(values, 1))
 def bernoulli_(self, p=0.5, *, generator=None):
+    _refuse_complex(self, "bernoulli_")
     return jax.random.bernoulli(key(generator), p, self.shape).astype(self.dtype)
 
 
 @lowering(aten.bernoulli_.Tensor)
 def bernoulli_tensor_(self, p, *, generator=None):
+    _refuse_complex(self, "bernoulli_")
     draw = jax.random.uniform(key(generator), self.shape, jnp.float64 if p.dtype == jnp.float64 else jnp.float32)
     return (draw < jnp.broadcast_to(p, self.shape)).astype(self.dtype)
 
 
 @lowering(aten.bernoulli.default)
 def bernoulli(self, *, generator=None):
+    _refuse_complex(self, "bernoulli")
     draw = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
     return (draw < self).astype(self.dtype)
 
@@ -129,6 +149,7 @@ def geometric_(self, p, *, generator=None):
 
 def _random_ints(seed, shape, low, high, dtype):
     """Integers uniform in [low, high) (float dtypes hold integers, as torch's random_ does)."""
+    _refuse_complex(types.SimpleNamespace(dtype=dtype), "random_")
     bits = jax.random.bits(key(seed), shape, jnp.uint64)
     span = (jnp.asarray(high, jnp.int64) - low).astype(jnp.uint64)
     return (low + (bits % span).astype(jnp.int64)).astype(dtype)
