@@ -115,6 +115,12 @@ def test_bf16_mixed_autocasts_on_pjrt(pl, cpu_run):
     assert not torch.allclose(torch.tensor(run[0]), torch.tensor(cpu_run[0]), rtol=1e-4, atol=0)
 
 
+def test_fp16_mixed_names_the_plugin(pl):
+    """Lightning would build a CUDA grad scaler for it."""
+    with pytest.raises(ValueError, match="GradScaler"):
+        fit(pl, accelerator="pjrt", devices=1, strategy="single_pjrt", precision="16-mixed")
+
+
 def test_cpu_run_says_pjrt_is_unused(pl):
     """The callback the entry point installs (Lightning's "auto" has no hook: see docs/ecosystem-lightning.md)."""
     from torch_pjrt.integrations import lightning as integration
@@ -154,24 +160,36 @@ def test_ddp_two_processes_matches_gloo(tmp_path):
         value = json.loads((tmp_path / f"out{rank}.json").read_text())
         assert value["backend"] == "pjrt" and value["device"] == f"pjrt:{rank}"
         assert value["cpu_backend"] == "gloo"
+        assert "strategy='ddp_pjrt'" in value["plain_ddp_error"]
         torch.testing.assert_close(torch.tensor(value["pjrt"]), torch.tensor(value["cpu"]), rtol=1e-5, atol=1e-6)
 
 
 def ddp_worker(out: str) -> None:
-    """One torchrun worker: the DDP run on pjrt, then on the CPU (gloo); losses and weights to `out`."""
+    """One torchrun worker: the DDP run on pjrt, then on the CPU (gloo); losses and weights to `out`.
+
+    The process group is initialised once per backend on fresh store keys: torch names every default
+    group "0", so a group re-created on the same store can read the previous group's addresses."""
+    from datetime import timedelta
+
     import lightning.pytorch as pl
 
-    rank = int(os.environ["RANK"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     result = {}
-    for accelerator, strategy in (("pjrt", "ddp_pjrt"), ("cpu", "ddp")):
-        losses, weights, device = fit(pl, accelerator=accelerator, devices=2, strategy=strategy)
-        backend = torch.distributed.get_backend()
-        torch.distributed.destroy_process_group()  # the next Trainer starts its own group
-        result[accelerator] = losses + [v for w in weights.values() for v in w.flatten().tolist()]
-        if accelerator == "pjrt":
-            result.update(backend=backend, device=device)
-        else:
-            result["cpu_backend"] = backend
+    losses, weights, result["device"] = fit(pl, accelerator="pjrt", devices=2, strategy="ddp_pjrt")
+    result["backend"] = torch.distributed.get_backend()  # Lightning's choice for pjrt devices
+    result["pjrt"] = losses + [v for w in weights.values() for v in w.flatten().tolist()]
+    try:  # Lightning's own DDPStrategy (what strategy="ddp" and "auto" with 2 devices give): a clear error
+        fit(pl, accelerator="pjrt", devices=2, strategy="ddp")  # reuses the group: Lightning skips init
+    except ValueError as e:
+        result["plain_ddp_error"] = str(e)
+    torch.distributed.destroy_process_group()
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                       timeout=timedelta(seconds=60))  # torchrun's agent store
+    torch.distributed.init_process_group("gloo", store=torch.distributed.PrefixStore("cpu-run/", store),
+                                         rank=rank, world_size=world)
+    losses, weights, _ = fit(pl, accelerator="cpu", devices=2, strategy="ddp")
+    result["cpu_backend"] = torch.distributed.get_backend()
+    result["cpu"] = losses + [v for w in weights.values() for v in w.flatten().tolist()]
     Path(out.format(rank=rank)).write_text(json.dumps(result))
 
 
