@@ -1,20 +1,19 @@
-"""PyTorch Lightning on pjrt: an accelerator registered in Lightning's public registries.
+"""PyTorch Lightning on pjrt through Lightning's public registries.
 
 Lightning keeps a registry of accelerators (`AcceleratorRegistry`) and of strategies
-(`StrategyRegistry`); an out-of-tree device registers itself there. When `lightning` (or its
-other distribution, `pytorch_lightning`: same code, other package name) is imported we add:
+(`StrategyRegistry`) for out-of-tree devices. When `lightning` (or its other distribution,
+`pytorch_lightning`: same code, other package name) is imported, we add:
 
-- accelerator "pjrt": `Trainer(accelerator="pjrt")`, devices `pjrt:0..N-1` (torch.pjrt);
-- strategy "single_pjrt": one device, which `Trainer(accelerator="pjrt")` picks by itself
-  through the accelerator's `setup` (see `PJRTAccelerator` below why it has to);
-- the documented environment default `PL_TRAINER_ACCELERATOR=pjrt`, set only where pjrt is
-  the machine's accelerator and the user has not set it, so `Trainer()` trains on pjrt:
-  Lightning's own "auto" choice knows only TPU, MPS and CUDA and has no hook.
+- accelerator "pjrt": devices `pjrt:0..N-1` (torch.pjrt);
+- strategy "single_pjrt": one pjrt device. Lightning 2.6 gives one device of an accelerator it
+  does not know `SingleDeviceStrategy("cpu")`, so `Trainer(accelerator="pjrt")` alone would train
+  on the CPU; the accelerator refuses that with an error naming this strategy;
+- strategy "ddp_pjrt": Lightning's DDP without its CUDA-only stream; the process group backend
+  is "pjrt" by itself (`torch.distributed.Backend.default_device_backend_map`).
 
-DDP needs nothing more: `DDPStrategy` picks the process group backend from
-`torch.distributed.Backend.default_device_backend_map`, where the "pjrt" backend is registered
-for pjrt devices. docs/ecosystem.md gives the upstream changes that would make the defaults
-unnecessary.
+Lightning's "auto" knows only TPU, MPS and CUDA and has no hook: a Trainer left on the CPU says
+"pjrt available but not used" through a callback from Lightning's callback entry point.
+docs/ecosystem.md (Lightning) gives the upstream change that makes all but the accelerator unnecessary.
 """
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ DDP = "ddp_pjrt"  # strategy name: DDP over pjrt devices, one process each
 
 # What `register` did, for `torch-pjrt doctor` and tests: package -> accelerator class.
 registered: dict[str, type] = {}
+_callback_classes: dict[str, type] = {}  # one class per package: Lightning keys callback state by class name
 
 
 def parse_devices(devices: int | str | list[int]) -> list[int]:
@@ -177,8 +177,8 @@ def ddp_strategy_class(pl: ModuleType) -> type:
 
 
 def register(package: str) -> None:
-    """Add "pjrt" to the accelerator registry and "single_pjrt" to the strategy registry of one
-    Lightning package; run when that package is imported."""
+    """Add "pjrt" to the accelerator registry and "single_pjrt", "ddp_pjrt" to the strategy registry
+    of one Lightning package; run when that package is imported."""
     if package in registered:
         return
     pl = sys.modules[package]
@@ -190,6 +190,10 @@ def register(package: str) -> None:
 
 
 def callback_class(pl: ModuleType) -> type:
+    """The "pjrt available but not used" callback for a Lightning package."""
+    if pl.__name__ in _callback_classes:
+        return _callback_classes[pl.__name__]
+
     class PJRTUnused(pl.callbacks.Callback):
         """Says once that Trainer runs on the CPU while pjrt is this machine's accelerator, as Lightning
         itself says "GPU available but not used": its "auto" choice knows only TPU, MPS and CUDA."""
@@ -203,6 +207,7 @@ def callback_class(pl: ModuleType) -> type:
                     category=importlib.import_module(pl.__name__ + ".utilities.warnings").PossibleUserWarning,
                 )
 
+    _callback_classes[pl.__name__] = PJRTUnused
     return PJRTUnused
 
 
