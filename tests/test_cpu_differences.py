@@ -146,3 +146,92 @@ COMPLEX_RANDOM_ERRORS = {
 @pytest.mark.parametrize("name", COMPLEX_RANDOM_ERRORS)
 def test_complex_random_ops_without_a_cpu_kernel_raise(name):
     assert_raises_like_cpu(COMPLEX_RANDOM_ERRORS[name], name)
+
+
+# --------------------------------------------------------------------------- embedding_bag's checks
+def _raises_exactly_like_cpu(call, monkeypatch) -> None:
+    """As assert_raises_like_cpu, comparing the whole message: index checks then raise at the
+    call (TORCH_PJRT_SYNC_INDEX_CHECKS=1), without the note an asynchronous check adds."""
+    monkeypatch.setenv("TORCH_PJRT_SYNC_INDEX_CHECKS", "1")
+    errors = []
+    for d in ("cpu", "pjrt"):
+        with pytest.raises(Exception) as info:
+            call(d).cpu()
+        errors.append(info.value)
+    assert (type(errors[1]), str(errors[1])) == (type(errors[0]), str(errors[0]))
+
+
+def _bag_inputs(idx, mode, w_dtype, idx_dtype, padding_idx, weighted):
+    def call(d):
+        index = torch.tensor(idx, device=d, dtype=idx_dtype)
+        weight = torch.arange(20, device=d).reshape(10, 2).to(w_dtype)
+        per_sample = torch.ones(index.shape, device=d, dtype=w_dtype) if weighted else None
+        return torch.nn.functional.embedding_bag(index, weight, per_sample_weights=per_sample,
+                                                 padding_idx=padding_idx, mode=mode)
+    return call
+
+
+# PyTorch's test_embedding_bag_out_of_bounds_idx (padding_idx 0: CPU's loop), and without
+# padding_idx (CPU's fbgemm path for float rows, which words the error differently)
+@pytest.mark.parametrize("idx", [[[-1, 1]], [[11, 8]]])
+@pytest.mark.parametrize("mode,weighted", [("sum", False), ("sum", True), ("mean", False), ("max", False)])
+@pytest.mark.parametrize("padding_idx", [0, None])
+@pytest.mark.parametrize("w_dtype,idx_dtype", [(torch.float32, torch.int64), (torch.float64, torch.int32),
+                                               (torch.bfloat16, torch.int64)])
+def test_embedding_bag_index_out_of_range(idx, mode, weighted, padding_idx, w_dtype, idx_dtype, monkeypatch):
+    call = _bag_inputs(idx, mode, w_dtype, idx_dtype, padding_idx, weighted)
+    assert_raises_like_cpu(call, "embedding_bag")  # asynchronous: at the next sync
+    _raises_exactly_like_cpu(call, monkeypatch)
+
+
+def _offsets_call(indices, offsets, dtype=torch.int64, w_dtype=torch.float32):
+    return lambda d: torch.nn.functional.embedding_bag(
+        torch.tensor(indices, device=d, dtype=dtype), torch.ones(3, 4, device=d, dtype=w_dtype),
+        torch.tensor(offsets, device=d, dtype=dtype))
+
+
+EMBEDDING_BAG_DATA_ERRORS = {
+    "offsets[0] not 0": _offsets_call([0, 1], [1]),
+    "offsets[0] not 0, int32": _offsets_call([0, 1], [1], torch.int32),
+    "offsets[0] negative": _offsets_call([0, 1], [-2, 1]),
+    "offsets[-1] past the input": _offsets_call([0, 1, 2], [0, 5]),
+    "offsets[-1] past the input, float64": _offsets_call([0, 1, 2], [0, 4], w_dtype=torch.float64),
+    # 1-D input, the bad index in the first bag: CPU's fbgemm report is right whatever its threads
+    "index in the first bag": _offsets_call([0, 7, 1], [0, 2]),
+    "index in the first bag, float64": _offsets_call([5, 1, 1], [0, 2], w_dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", EMBEDDING_BAG_DATA_ERRORS)
+def test_embedding_bag_data_errors(name, monkeypatch):
+    assert_raises_like_cpu(EMBEDDING_BAG_DATA_ERRORS[name], name)
+    _raises_exactly_like_cpu(EMBEDDING_BAG_DATA_ERRORS[name], monkeypatch)
+
+
+EMBEDDING_BAG_FUNCTIONS = {
+    "F.embedding_bag": lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o),
+    "embedding_bag": torch.embedding_bag,
+    "_embedding_bag": torch._embedding_bag,
+    "_embedding_bag_forward_only": torch._embedding_bag_forward_only,
+}
+# PyTorch's test_embedding_bag_dimension_errors: (weight, indices, offsets) shapes
+DIMENSION_CASES = {
+    "5-D input": ((2, 6), (2, 0, 0, 6, 6), (2, 0, 0, 6, 6)),
+    "5-D offsets": ((2, 2), (2,), (2, 0, 0, 6, 6)),
+    "3-D weight": ((2, 2, 2), (2,), (2,)),
+    "2-D offsets": ((3, 4), (4,), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("function", EMBEDDING_BAG_FUNCTIONS)
+@pytest.mark.parametrize("case", DIMENSION_CASES)
+def test_embedding_bag_dimension_errors(function, case):
+    weight, indices, offsets = DIMENSION_CASES[case]
+    assert_raises_like_cpu(lambda d: EMBEDDING_BAG_FUNCTIONS[function](
+        torch.zeros(weight, dtype=torch.float64, device=d), torch.zeros(indices, dtype=torch.int64, device=d),
+        torch.zeros(offsets, dtype=torch.int64, device=d)), f"{function} {case}")
+
+
+def test_embedding_bag_mode_out_of_range():
+    assert_raises_like_cpu(lambda d: torch._embedding_bag(torch.ones(3, 4, device=d), torch.tensor([0, 1], device=d),
+                                                          torch.tensor([0], device=d), False, 5), "mode 5")

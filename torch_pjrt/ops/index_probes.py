@@ -11,6 +11,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from ..dtypes import is_index_dtype
 
 
@@ -59,10 +60,73 @@ def embedding(values):
     yield values[1], _shape_of(values[0])[0], False, lambda _, bad: IndexError("index out of range in self")
 
 
+@jax.tree_util.register_pytree_node_class
+class Element:
+    """One element of an index tensor (offsets[0], offsets[-1]) as a probe's index: taken
+    inside the check's executable, as a strided view is resolved there (a pytree with
+    `resolve`), so probing it costs no op of its own. `lowest` clamps it from below (a value
+    torch does not bound that way must not read as out of range)."""
+
+    def __init__(self, value, position: int, lowest: int | None = None):
+        self.value, self.position, self.lowest = value, position, lowest
+
+    shape = (1,)
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def resolve(self):
+        value = self.value.resolve() if hasattr(self.value, "resolve") else self.value
+        element = value.reshape(-1)[self.position].reshape(1)
+        return element if self.lowest is None else jnp.maximum(element, self.lowest)
+
+    def tree_flatten(self):
+        return (self.value,), (self.position, self.lowest)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+
+def _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx) -> bool:
+    """Whether CPU's embedding_bag takes its fbgemm path (is_fast_path_index_select(_scale)):
+    sum or mean, no padding_idx, 32/16-bit float rows with unit column stride (and unit-stride
+    per-sample weights). That path and CPU's plain loop word an out-of-range index differently."""
+    def unit_stride(value, dim):
+        geometry = getattr(value, "geometry", None)  # a strided view; an array is contiguous
+        return geometry is None or geometry.stride[dim] == 1
+
+    return (mode in (0, 1) and padding_idx < 0 and np.dtype(weight.dtype) in _FAST_PATH_DTYPES
+            and unit_stride(weight, 1) and (per_sample_weights is None or unit_stride(per_sample_weights, 0)))
+
+
+_FAST_PATH_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+
+
 def embedding_bag(values):
-    size = _shape_of(values[0])[0]
-    yield values[1], size, False, lambda position, bad: RuntimeError(
-        f"Index {position} of input takes value {bad} which is not in the valid range [0, {size})")
+    """CPU's data checks of _embedding_bag, in its order: offsets[0] is 0, offsets[-1] is
+    within the input (check_arguments), then every index within the weight's rows. The fbgemm
+    path names the flat position of the first bad index (its report is right when one chunk of
+    bags holds it, as always on one thread; on more CPU's report can misname it); the loop
+    names the value only."""
+    weight, indices, offsets, mode, per_sample_weights, padding_idx = (values[i] for i in (0, 1, 2, 4, 6, 8))
+    length = _shape_of(indices)[0] if _shape_of(indices) else 1
+    if math.prod(_shape_of(offsets)):
+        # CPU prints offsets[0] as a tensor; indices and offsets are promoted to one type first
+        kind = "Long" if np.dtype(jnp.int64) in (np.dtype(indices.dtype), np.dtype(offsets.dtype)) else "Int"
+        yield Element(offsets, 0), 1, False, lambda _, bad: RuntimeError(
+            "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
+            f"However, got {bad}\n[ torch.{kind}Tensor{{}} ]")
+        yield Element(offsets, -1, lowest=0), length + 1, False, lambda _, bad: RuntimeError(
+            f"offsets[-1] can not be greater than input's length {length} but got offsets[-1] of {bad}")
+    size = _shape_of(weight)[0]
+    if _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx):
+        yield indices, size, False, lambda position, bad: RuntimeError(
+            f"Index {position} of input takes value {bad} which is not in the valid range [0, {size})")
+    else:
+        yield indices, size, False, lambda _, bad: RuntimeError(
+            f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {bad}")
 
 
 @jax.jit

@@ -544,6 +544,8 @@ def _embedding_bag_max(rows, keep, idx, bags, num_bags):
 
 def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx,
                            sum_aux_size):
+    if weight.ndim != 2 or mode not in (0, 1, 2):  # meta checks neither: CPU names the error (eager's oracle)
+        raise ValueError(f"embedding_bag: weight of {weight.ndim} dims, mode {mode}")
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     idx = indices.astype(INT64)
     bags = _position_bags(idx, offsets, num_bags)
