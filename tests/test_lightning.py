@@ -80,6 +80,17 @@ def test_pjrt_accelerator_is_registered_on_import(pl):
     assert "single_pjrt" in pl.strategies.StrategyRegistry.available_strategies()
 
 
+def test_registered_whichever_is_imported_first():
+    """`import pytorch_lightning` imports torch, and so torch-pjrt, from inside its own __init__."""
+    pytest.importorskip("pytorch_lightning")
+    code = ("import pytorch_lightning, lightning.pytorch, torch; "
+            "print([('pjrt' in m.accelerators.AcceleratorRegistry, 'ddp_pjrt' in m.strategies.StrategyRegistry) "
+            "for m in (pytorch_lightning, lightning.pytorch)], hasattr(torch, 'pjrt'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.stdout.strip().splitlines()[-1] == "[(True, True), (True, True)] True", done.stderr[-3000:]
+    assert "torch-pjrt" not in done.stderr, done.stderr[-3000:]
+
+
 def test_one_device_matches_cpu(pl, cpu_run):
     run = fit(pl, accelerator="pjrt", devices=1, strategy="single_pjrt")
     assert run[2] == "pjrt:0"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -229,9 +230,22 @@ def pytorch_lightning_callbacks() -> list[Any]:
     return _callbacks("pytorch_lightning")
 
 
+def _register_quietly(package: str) -> None:
+    """`register`, run inside the user's `import lightning`: a failure here must not break that import."""
+    try:
+        register(package)
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"torch-pjrt: Trainer(accelerator='pjrt') is unavailable: registering with {package} "
+                      f"failed: {e!r}")
+
+
 def install() -> None:
-    """Register with each Lightning package once it is imported (now, if it already is)."""
+    """Register with each Lightning package once its trainer is imported (now, if it already is).
+
+    The hook is on `<package>.trainer`, not the package: `import pytorch_lightning` imports torch (and so
+    us) from inside its own `__init__`, when the package is in sys.modules but has no submodules yet. The
+    trainer module comes later and imports the accelerators, strategies, plugins and callbacks we use."""
     from .. import _after_import
 
     for package in PACKAGES:
-        _after_import(package, lambda package=package: register(package))
+        _after_import(package + ".trainer", lambda package=package: _register_quietly(package))
