@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -80,15 +79,32 @@ def test_pjrt_accelerator_is_registered_on_import(pl):
     assert "single_pjrt" in pl.strategies.StrategyRegistry.available_strategies()
 
 
-def test_registered_whichever_is_imported_first():
-    """`import pytorch_lightning` imports torch, and so torch-pjrt, from inside its own __init__."""
+def test_registered_whichever_is_imported_first_and_auto_says_pjrt_is_unused(tmp_path):
+    """A fresh process that never imports torch_pjrt. `import pytorch_lightning` imports torch, and so
+    torch-pjrt, from inside its own __init__. `Trainer()` ("auto") stays on the CPU and says so through the
+    callback entry point, here declared by a distribution on PYTHONPATH as pyproject.toml declares it."""
     pytest.importorskip("pytorch_lightning")
-    code = ("import pytorch_lightning, lightning.pytorch, torch; "
-            "print([('pjrt' in m.accelerators.AcceleratorRegistry, 'ddp_pjrt' in m.strategies.StrategyRegistry) "
-            "for m in (pytorch_lightning, lightning.pytorch)], hasattr(torch, 'pjrt'))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert done.stdout.strip().splitlines()[-1] == "[(True, True), (True, True)] True", done.stderr[-3000:]
-    assert "torch-pjrt" not in done.stderr, done.stderr[-3000:]
+    dist_info = tmp_path / "torch_pjrt_entry_points-0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-pjrt-entry-points\nVersion: 0\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[lightning.pytorch.callbacks_factory]\npjrt = torch_pjrt.integrations.lightning:lightning_callbacks\n")
+    code = f"""
+import warnings, pytorch_lightning, lightning.pytorch as pl, torch, sys
+sys.path.insert(0, {str(REPO)!r})
+from tests.test_lightning import fit
+print([('pjrt' in m.accelerators.AcceleratorRegistry, 'ddp_pjrt' in m.strategies.StrategyRegistry)
+       for m in (pytorch_lightning, pl)], hasattr(torch, 'pjrt'))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    device = fit(pl)[2]
+print(device, any("pjrt available but not used" in str(w.message) for w in caught))
+"""
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert done.stdout.strip().splitlines()[-2:] == ["[(True, True), (True, True)] True", "cpu True"], \
+        done.stdout[-1000:] + done.stderr[-3000:]
+    assert "torch-pjrt:" not in done.stderr, done.stderr[-3000:]
 
 
 def test_one_device_matches_cpu(pl, cpu_run):
@@ -130,16 +146,6 @@ def test_fp16_mixed_names_the_plugin(pl):
     """Lightning would build a CUDA grad scaler for it."""
     with pytest.raises(ValueError, match="GradScaler"):
         fit(pl, accelerator="pjrt", devices=1, strategy="single_pjrt", precision="16-mixed")
-
-
-def test_cpu_run_says_pjrt_is_unused(pl):
-    """The callback the entry point installs (Lightning's "auto" has no hook: see docs/ecosystem-lightning.md)."""
-    from torch_pjrt.integrations import lightning as integration
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fit(pl, accelerator="cpu", callbacks=integration.lightning_callbacks())
-    assert any("pjrt available but not used" in str(w.message) for w in caught)
 
 
 def test_callbacks_entry_point_is_declared():
