@@ -120,6 +120,35 @@ def test_pytorch_lightning_package_too(cpu_run):
     assert_same_run(fit(pytorch_lightning, accelerator="pjrt", devices=1, strategy="single_pjrt"), cpu_run)
 
 
+def fabric_run(**fabric_kwargs) -> tuple[list[float], str]:
+    """STEPS steps of the same regression in a hand-written Fabric loop: (losses, device of the batches)."""
+    import lightning
+
+    fabric = lightning.Fabric(**fabric_kwargs)
+    module = make_module(lightning.pytorch)
+    optimizer = module.configure_optimizers()
+    net, optimizer = fabric.setup(module.net, optimizer)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
+    data = fabric.setup_dataloaders(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8))
+    losses = []
+    for _, (xb, yb) in zip(range(STEPS), data):
+        loss = torch.nn.functional.mse_loss(net(xb), yb)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses, str(xb.device)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_fabric_one_device_matches_cpu(pl, precision):
+    run = fabric_run(accelerator="pjrt", devices=1, strategy="single_pjrt", precision=precision)
+    cpu = fabric_run(accelerator="cpu", devices=1, precision=precision)
+    assert run[1] == "pjrt:0"
+    torch.testing.assert_close(torch.tensor(run[0]), torch.tensor(cpu[0]), rtol=1e-5, atol=1e-6)
+
+
 def test_accelerator_alone_names_the_strategy(pl):
     """Lightning 2.6 gives an accelerator it does not know a CPU strategy for one device: an error, not CPU training."""
     with pytest.raises(ValueError, match="strategy='single_pjrt'"):

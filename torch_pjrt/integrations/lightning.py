@@ -30,6 +30,7 @@ from . import native_accelerators
 NAME = "pjrt"
 # Lightning's trainer package under its two distribution names (same code): `lightning` and `pytorch_lightning`.
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+FABRIC = {"lightning.pytorch": "lightning.fabric", "pytorch_lightning": "lightning_fabric"}  # each one's Fabric
 SINGLE = "single_pjrt"  # strategy name: one pjrt device
 DDP = "ddp_pjrt"  # strategy name: DDP over pjrt devices, one process each
 
@@ -76,9 +77,8 @@ def accelerator_class(pl: ModuleType) -> type:
                 # train on the CPU.
                 raise ValueError(
                     f"The pjrt accelerator was handed device {device}: Lightning picks a CPU strategy for one "
-                    f"device of an accelerator it does not know. Pass Trainer(accelerator='pjrt', "
-                    f"strategy='{SINGLE}') (one device) or Trainer(accelerator='pjrt', "
-                    f"devices=N, strategy='{DDP}') (several)."
+                    f"device of an accelerator it does not know. Pass accelerator='pjrt', strategy='{SINGLE}' "
+                    f"(one device) or, to Trainer, accelerator='pjrt', devices=N, strategy='{DDP}' (several)."
                 )
             torch.pjrt.set_device(device)
 
@@ -91,17 +91,7 @@ def accelerator_class(pl: ModuleType) -> type:
                     f"torch.cuda.stream for every non-CPU device. Pass strategy='{DDP}' (the same DDP, on the "
                     "'pjrt' process group)."
                 )
-            precision = trainer.precision_plugin
-            if isinstance(precision, pl.plugins.MixedPrecision) and precision.device == "cuda":
-                if precision.precision != "bf16-mixed":
-                    raise ValueError(
-                        f"Trainer(accelerator='pjrt', precision={precision.precision!r}): Lightning builds a CUDA "
-                        "autocast and grad scaler for it. Pass plugins=[MixedPrecision('16-mixed', 'pjrt', "
-                        "scaler=torch.amp.GradScaler('pjrt'))] instead of precision=, or use 'bf16-mixed'."
-                    )
-                # Lightning names "cuda" for every accelerator but CPU and MPS; CUDA autocast does nothing to
-                # pjrt tensors (the run would quietly stay float32). bf16 needs no scaler: the device is the fix.
-                precision.device = NAME
+            autocast_on_pjrt(trainer.precision_plugin, pl.plugins.MixedPrecision)
 
         def get_device_stats(self, device: torch.device | str | int) -> dict[str, Any]:
             return torch.pjrt.memory_stats(device)
@@ -136,6 +126,22 @@ def accelerator_class(pl: ModuleType) -> type:
     return PJRTAccelerator
 
 
+def autocast_on_pjrt(precision: Any, mixed_precision: type) -> None:
+    """Point the mixed precision plugin Lightning built for the pjrt accelerator at pjrt.
+
+    Lightning names "cuda" for every accelerator but CPU and MPS; a CUDA autocast does nothing to pjrt
+    tensors, so the run would quietly stay float32. bf16 needs no grad scaler: the device is the whole fix."""
+    if not isinstance(precision, mixed_precision) or precision.device != "cuda":
+        return
+    if precision.precision != "bf16-mixed":
+        raise ValueError(
+            f"accelerator='pjrt', precision={precision.precision!r}: Lightning builds a CUDA autocast and grad "
+            "scaler for it. Pass plugins=[MixedPrecision('16-mixed', 'pjrt', scaler=torch.amp.GradScaler('pjrt'))] "
+            "instead of precision=, or use 'bf16-mixed'."
+        )
+    precision.device = NAME
+
+
 def single_device_strategy_class(pl: ModuleType, accelerator: type) -> type:
     """`strategy="single_pjrt"`: one pjrt device (`pjrt:0` unless given)."""
 
@@ -155,6 +161,36 @@ def single_device_strategy_class(pl: ModuleType, accelerator: type) -> type:
         @classmethod
         def register_strategies(cls, strategy_registry: Any) -> None:
             strategy_registry.register(cls.strategy_name, cls, description=cls.__name__, override=True)
+
+    return SinglePJRTStrategy
+
+
+def fabric_single_device_strategy_class(fabric: ModuleType, accelerator: type) -> type:
+    """Fabric's `strategy="single_pjrt"`. Fabric has no accelerator hook that sees the precision plugin,
+    so the strategy points bf16 autocast at pjrt."""
+
+    class SinglePJRTStrategy(fabric.strategies.SingleDeviceStrategy):
+        def __init__(self, device: torch.device | str | int = 0, **kwargs: Any) -> None:
+            super().__init__(device=torch.device(NAME, device) if isinstance(device, int) else device, **kwargs)
+
+        def _check(self) -> None:
+            if not isinstance(self.accelerator, accelerator):
+                raise ValueError(f"strategy='{SINGLE}' needs accelerator='pjrt': Fabric(accelerator='pjrt', "
+                                 f"strategy='{SINGLE}').")
+            autocast_on_pjrt(self.precision, fabric.plugins.MixedPrecision)
+
+        def setup_environment(self) -> None:
+            self._check()
+            super().setup_environment()
+
+        def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+            # Fabric runs setup_environment only under fabric.launch(), which one device does not need.
+            self._check()
+            return super().setup_module(module)
+
+        @classmethod
+        def register_strategies(cls, strategy_registry: Any) -> None:
+            strategy_registry.register(SINGLE, cls, description=cls.__name__, override=True)
 
     return SinglePJRTStrategy
 
@@ -187,6 +223,10 @@ def register(package: str) -> None:
     accelerator.register_accelerators(pl.accelerators.AcceleratorRegistry)
     single_device_strategy_class(pl, accelerator).register_strategies(pl.strategies.StrategyRegistry)
     ddp_strategy_class(pl).register_strategies(pl.strategies.StrategyRegistry)
+    # Fabric (same accelerator interface, its own registries): one device; its DDP has no public hook.
+    fabric = sys.modules[FABRIC[package]]
+    accelerator.register_accelerators(fabric.accelerators.ACCELERATOR_REGISTRY)
+    fabric_single_device_strategy_class(fabric, accelerator).register_strategies(fabric.strategies.STRATEGY_REGISTRY)
     registered[package] = accelerator
 
 
