@@ -78,7 +78,8 @@ def test_pjrt_accelerator_is_registered_on_import(pl):
     assert "pjrt" in pl.accelerators.AcceleratorRegistry.available_accelerators()
     assert {"single_pjrt", "ddp_pjrt"} <= set(pl.strategies.StrategyRegistry.available_strategies())
     accelerator = pl.accelerators.AcceleratorRegistry.get("pjrt")
-    assert accelerator.get_parallel_devices(accelerator.parse_devices("0,1")) == [torch.device("pjrt", i) for i in (0, 1)]
+    devices = accelerator.get_parallel_devices(accelerator.parse_devices("0,1"))
+    assert devices == [torch.device("pjrt", 0), torch.device("pjrt", 1)]
     assert "allocated_bytes.all.current" in accelerator.get_device_stats(torch.device("pjrt", 0))  # DeviceStatsMonitor
     with pytest.raises(ValueError, match="TORCH_PJRT_CPU_DEVICES"):
         accelerator.parse_devices(torch.pjrt.device_count() + 1)
