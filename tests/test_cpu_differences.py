@@ -235,3 +235,65 @@ def test_embedding_bag_dimension_errors(function, case):
 def test_embedding_bag_mode_out_of_range():
     assert_raises_like_cpu(lambda d: torch._embedding_bag(torch.ones(3, 4, device=d), torch.tensor([0, 1], device=d),
                                                           torch.tensor([0], device=d), False, 5), "mode 5")
+
+
+# --------------------------------------------------------------------------- multinomial's checks
+def _multinomial_error_inputs():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(op for op in op_db if op.name == "multinomial")
+    on_device = list(op.error_inputs("pjrt"))  # built on the device, as torch's device tests build them
+    # the OpInfo yields its bad distributions for the CPU only (their values; moved to pjrt below)
+    return on_device + list(op.error_inputs("cpu"))[len(on_device):]
+
+
+@pytest.mark.parametrize("i", range(len(_multinomial_error_inputs())))
+def test_multinomial_error_inputs(i, monkeypatch):
+    """OpInfo's error_inputs of multinomial, on pjrt: CPU's type and message (for the same
+    values copied to the CPU), and the OpInfo's regex."""
+    error_input = _multinomial_error_inputs()[i]
+    sample = error_input.sample_input
+
+    def call(d):
+        moved = [a.to(d) if isinstance(a, torch.Tensor) else a for a in (sample.input, *sample.args)]
+        kwargs = {k: v.to(d) if isinstance(v, torch.Tensor) else v for k, v in sample.kwargs.items()}
+        return torch.multinomial(*moved, **kwargs)
+
+    assert_raises_like_cpu(call, f"multinomial error input {i}")
+    _raises_exactly_like_cpu(call, monkeypatch)
+    with pytest.raises(error_input.error_type, match=error_input.error_regex):
+        call("pjrt").cpu()
+
+
+MULTINOMIAL_ERRORS = {
+    # with replacement, CPU checks row by row: the first row's problem names the error
+    "zero row before a negative one": lambda d: torch.multinomial(
+        torch.tensor([[0.0, 0.0], [1.0, -1.0]], device=d), 3, True),
+    "negative row before a zero one": lambda d: torch.multinomial(
+        torch.tensor([[1.0, -1.0], [0.0, 0.0]], device=d), 3, True),
+    "inf before a negative entry in the row": lambda d: torch.multinomial(
+        torch.tensor([[float("inf"), -1.0]], device=d), 3, True),
+    # without replacement (or one sample), CPU checks the whole tensor at once
+    "zero row and a nan elsewhere": lambda d: torch.multinomial(
+        torch.tensor([[0.0, 0.0], [1.0, float("nan")]], device=d), 1),
+    "one sample with replacement": lambda d: torch.multinomial(torch.tensor([1.0, -1.0], device=d), 1, True),
+    "float16": lambda d: torch.multinomial(torch.tensor([1.0, float("inf")], dtype=torch.float16, device=d), 2, True),
+    "bfloat16": lambda d: torch.multinomial(torch.tensor([0.0, 0.0], dtype=torch.bfloat16, device=d), 1),
+    "a strided view": lambda d: torch.multinomial(
+        torch.tensor([[1.0, -1.0], [0.0, 0.0]], device=d).t(), 1),
+    "num_samples 0 with replacement": lambda d: torch.multinomial(torch.ones(3, device=d), 0, True),
+}
+
+
+@pytest.mark.parametrize("name", MULTINOMIAL_ERRORS)
+def test_multinomial_data_errors(name, monkeypatch):
+    assert_raises_like_cpu(MULTINOMIAL_ERRORS[name], name)
+    _raises_exactly_like_cpu(MULTINOMIAL_ERRORS[name], monkeypatch)
+
+
+def test_multinomial_of_valid_weights_still_samples():
+    torch.manual_seed(0)
+    weights = torch.tensor([[0.0, 1.0, 3.0], [2.0, 0.0, 0.0]], device="pjrt")
+    drawn = torch.multinomial(weights, 200, True).cpu()
+    assert (drawn[0] != 0).all() and (drawn[1] == 0).all()
+    assert torch.multinomial(weights, 2).cpu()[1, 0] == 0

@@ -388,12 +388,22 @@ class OutKernel:
         errors.check_writes(self.op, args, kwargs, _flat_tensors(outs))  # out='s rules are the op's own
         call = dict(kwargs)
         outs = [kwargs.pop(n) for n in self.out_names]
-        result, _ = self.functional.compute(args, kwargs)
+        queue = bounds.mark() if self.functional.index_probes is not None else None
+        try:
+            result, _ = self.functional.compute(args, kwargs)
+        except Exception:  # noqa: BLE001  (the failure path only)
+            errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
+            raise
         results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result
         if any(t.dtype != to_torch(v.dtype) for t, v in zip(_flat_tensors(outs), _flat_values(results))):
             # (rare) an out tensor of another dtype than the result: some ops cast, others refuse
             # (aminmax, sort, amax want the exact dtype) where their meta kernels accept: CPU decides
-            errors.raise_as_cpu(self.op, args, call)
+            try:
+                errors.raise_as_cpu(self.op, args, call)
+            except BaseException:
+                if queue is not None:
+                    bounds.forget_since(queue)  # the call's index checks go with its error, not to the next sync
+                raise
         for target, value in zip(outs, results):
             if isinstance(target, (tuple, list)):
                 for t, v in zip(target, value):

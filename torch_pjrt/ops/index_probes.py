@@ -61,32 +61,35 @@ def embedding(values):
 
 
 @jax.tree_util.register_pytree_node_class
-class Element:
-    """One element of an index tensor (offsets[0], offsets[-1]) as a probe's index: taken
-    inside the check's executable, as a strided view is resolved there (a pytree with
-    `resolve`), so probing it costs no op of its own. `lowest` clamps it from below (a value
-    torch does not bound that way must not read as out of range)."""
+class Derived:
+    """A probe's index computed from a call's tensor inside the check's executable (a pytree
+    with `resolve`, as a strided view is resolved there), for checks of data that is not an
+    index itself (offsets[0], a distribution's weights): `fn(value, *params)` gives integers
+    of `shape`, in range where the data is valid. `fn` and `params` key the executable: pass
+    a module-level function and plain numbers."""
 
-    def __init__(self, value, position: int, lowest: int | None = None):
-        self.value, self.position, self.lowest = value, position, lowest
+    def __init__(self, value, shape: tuple, fn, *params):
+        self.value, self.shape, self.fn, self.params = value, tuple(shape), fn, params
 
-    shape = (1,)
-
-    @property
-    def dtype(self):
-        return self.value.dtype
+    dtype = np.dtype(np.int64)
 
     def resolve(self):
         value = self.value.resolve() if hasattr(self.value, "resolve") else self.value
-        element = value.reshape(-1)[self.position].reshape(1)
-        return element if self.lowest is None else jnp.maximum(element, self.lowest)
+        return self.fn(value, *self.params).reshape(self.shape).astype(jnp.int64)
 
     def tree_flatten(self):
-        return (self.value,), (self.position, self.lowest)
+        return (self.value,), (self.shape, self.fn, self.params)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        shape, fn, params = aux
+        return cls(children[0], shape, fn, *params)
+
+
+def _element(value, position: int, lowest):
+    """value's flat element at `position`, at least `lowest` (None: unclamped)."""
+    element = value.reshape(-1)[position]
+    return element if lowest is None else jnp.maximum(element, lowest)
 
 
 def _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx) -> bool:
@@ -115,10 +118,11 @@ def embedding_bag(values):
     if math.prod(_shape_of(offsets)):
         # CPU prints offsets[0] as a tensor; indices and offsets are promoted to one type first
         kind = "Long" if np.dtype(jnp.int64) in (np.dtype(indices.dtype), np.dtype(offsets.dtype)) else "Int"
-        yield Element(offsets, 0), 1, False, lambda _, bad: RuntimeError(
+        yield Derived(offsets, (1,), _element, 0, None), 1, False, lambda _, bad: RuntimeError(
             "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from position 0. "
             f"However, got {bad}\n[ torch.{kind}Tensor{{}} ]")
-        yield Element(offsets, -1, lowest=0), length + 1, False, lambda _, bad: RuntimeError(
+        # only offsets[-1] > length is CPU's error here (clamped: a negative one reads in range)
+        yield Derived(offsets, (1,), _element, -1, 0), length + 1, False, lambda _, bad: RuntimeError(
             f"offsets[-1] can not be greater than input's length {length} but got offsets[-1] of {bad}")
     size = _shape_of(weight)[0]
     if _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx):

@@ -3,6 +3,7 @@ torch generator (so torch.manual_seed reproduces runs) and derives a JAX key fro
 Registered on the in-place overloads torch uses (normal_, uniform_, ...): they return
 self's new value."""
 from __future__ import annotations
+import math
 import types
 
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from ..dtypes import to_jax
+from .index_probes import Derived
 from .registry import family
 
 lowering = family(not_paddable="its draws depend on the padded shape")
@@ -219,12 +221,62 @@ def native_dropout(input, p, train, *, generator=None):
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
 
 
-@lowering(aten.multinomial.default)
+def _multinomial_refused(self, num_samples, replacement) -> bool:
+    """CPU's checks of multinomial's arguments (not its data): 1-D or 2-D floating weights, at
+    least one sample, no more than the categories without replacement, at most 2^24 of them."""
+    categories = self.shape[-1] if self.shape else 0
+    return (len(self.shape) not in (1, 2) or not jnp.issubdtype(self.dtype, jnp.floating) or num_samples <= 0
+            or (not replacement and num_samples > categories) or categories > 2 ** 24)
+
+
+# Codes of multinomial's data checks (ops/index_probes.Derived): 0 valid, else CPU's error
+_MULTINOMIAL_ERRORS = {
+    1: "probability tensor contains either `inf`, `nan` or element < 0",
+    2: "invalid multinomial distribution (sum of probabilities <= 0)",
+    3: "invalid multinomial distribution (encountering probability entry < 0)",
+    4: "invalid multinomial distribution (encountering probability entry = infinity or NaN)",
+}
+
+
+def _checked_at_once(p):
+    """CPU's path without replacement (or one sample): every weight finite and >= 0 (code 1),
+    then no row of zeros (code 2)."""
+    invalid = jnp.any(~(p < jnp.inf) | ~(p >= 0))  # NaN fails both, as CPU's max() < inf does
+    empty_row = jnp.any(jnp.all(p == 0, axis=-1))
+    return jnp.where(invalid, 1, jnp.where(empty_row, 2, 0))
+
+
+def _checked_row_by_row(p):
+    """CPU's loop with replacement, row by row: the first weight that is not >= 0 (NaN
+    included, code 3) or infinite (code 4) in the row, then a row summing to 0 (code 2)."""
+    p = p.reshape(-1, p.shape[-1])
+    negative, infinite = ~(p >= 0), jnp.isinf(p)
+    first = jnp.argmax(negative | infinite, axis=-1)
+    kind = jnp.where(jnp.take_along_axis(negative, first[:, None], axis=-1)[:, 0], 3, 4)
+    return jnp.where(jnp.any(negative | infinite, axis=-1), kind, jnp.where(jnp.any(p > 0, axis=-1), 0, 2))
+
+
+def _multinomial_probes(values):
+    """multinomial's data checks, as CPU makes them (XLA would sample from any weights)."""
+    self, num_samples, replacement = values[:3]
+    if _multinomial_refused(self, num_samples, replacement) or math.prod(self.shape) == 0:
+        return  # the lowering raises CPU's error for the arguments
+    if replacement and num_samples > 1:
+        rows = self.shape[0] if len(self.shape) == 2 else 1
+        check = Derived(self, (rows,), _checked_row_by_row)
+    else:
+        check = Derived(self, (1,), _checked_at_once)
+    yield check, 1, False, lambda _, code: RuntimeError(_MULTINOMIAL_ERRORS[code])
+
+
+@lowering(aten.multinomial.default, index_probes=_multinomial_probes)
 def multinomial(self, num_samples, replacement=False, *, generator=None):
     """Category indices drawn from each row of unnormalized non-negative weights: with
     replacement as independent categorical draws, without as the top num_samples of
-    log-weights plus Gumbel noise (categories of weight 0 are never drawn). torch's checks
-    of the weights' values (negative, inf, NaN, all zero) are not made: they read the data."""
+    log-weights plus Gumbel noise (categories of weight 0 are never drawn). Eager checks the
+    weights' values as CPU does (index_probes), before any sync reads the samples."""
+    if _multinomial_refused(self, num_samples, replacement):
+        raise ValueError("multinomial: arguments CPU refuses")  # eager's oracle raises CPU's error
     logits = jnp.log(self.astype(_float_dtype(self)))
     k = key(generator)
     if replacement:
