@@ -297,3 +297,98 @@ def test_multinomial_of_valid_weights_still_samples():
     drawn = torch.multinomial(weights, 200, True).cpu()
     assert (drawn[0] != 0).all() and (drawn[1] == 0).all()
     assert torch.multinomial(weights, 2).cpu()[1, 0] == 0
+
+
+# --------------------------------------------------------------------------- out= overlapping an input
+OUT_OVERLAP_ERRORS = {
+    "gather into its input": lambda d: (lambda x: torch.gather(x, 0, torch.tensor([0, 1], device=d), out=x[:2]))(
+        torch.arange(10.0, device=d)),
+    "gather into part of its input": lambda d: (lambda x: torch.gather(
+        x[:4], 0, torch.tensor([0, 1], device=d), out=x[1:3]))(torch.arange(10.0, device=d)),
+    "gather into an expanded tensor": lambda d: torch.gather(
+        torch.arange(10.0, device=d), 0, torch.tensor([0, 1], device=d), out=torch.zeros(1, device=d).expand(2)),
+    "scatter into part of its input": lambda d: (lambda x: torch.scatter(
+        x[:8], 0, torch.tensor([0, 1], device=d), x[5:7], out=x[2:]))(torch.arange(10.0, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", OUT_OVERLAP_ERRORS)
+def test_out_overlapping_an_input_raises(name):
+    assert_raises_like_cpu(OUT_OVERLAP_ERRORS[name], name)
+
+
+def test_gather_into_exactly_its_index_is_allowed():
+    # CPU refuses partial overlap with the index, not the index itself
+    _same_as_cpu(lambda d: (lambda i: torch.gather(torch.arange(10, 20, device=d), 0, i, out=i))(
+        torch.tensor([3, 1], device=d)))
+
+
+# --------------------------------------------------------------------------- fuzz: writes and reads through views with offsets
+STORAGE = 40
+
+
+def _random_view_geometry(rng, storage: int = STORAGE, max_dims: int = 3):
+    """(size, stride, offset) of a random non-overlapping view that fits in `storage` elements:
+    dims in a random order, a step of 1 or 2, at a random offset."""
+    ndim = rng.randint(1, max_dims)
+    size = [rng.randint(1, 4) for _ in range(ndim)]
+    order = list(range(ndim))
+    rng.shuffle(order)
+    stride, step = [0] * ndim, rng.choice([1, 1, 2])
+    for d in reversed(order):  # the last of `order` varies fastest
+        stride[d] = step
+        step *= size[d]
+    span = sum((n - 1) * s for n, s in zip(size, stride)) + 1
+    if span > storage:
+        return _random_view_geometry(rng, storage, max_dims)
+    return tuple(size), tuple(stride), rng.randint(0, storage - span)
+
+
+def _fuzz_case(seed: int):
+    """One seeded case: (description, call(device) -> tensors to compare)."""
+    import random
+
+    rng = random.Random(seed)
+    view = _random_view_geometry(rng)
+    kind = rng.choice(["as_strided", "as_strided_scatter", "as_strided write", "index_put_", "scatter_"])
+    target = _random_view_geometry(rng)
+
+    def call(d):
+        rng, g = random.Random(seed + 1), torch.Generator().manual_seed(seed)  # the same draws on each device
+        base = torch.arange(STORAGE, dtype=torch.float32).to(d)
+        v = base.as_strided(*view)
+        if kind == "as_strided":  # a read: the offset is a storage position, not one within v
+            return [v.as_strided(*target) + 0]
+        if kind == "as_strided_scatter":
+            src = torch.randn(target[0], generator=g).to(d)
+            out = torch.as_strided_scatter(v, src, *target)
+            return [out, torch.tensor([*out.stride(), out.storage_offset()]), base]
+        if kind == "as_strided write":
+            v.as_strided(*target).mul_(-1)
+            return [base]
+        count = rng.randint(1, 3)
+        index = [torch.randint(0, n, (count,), generator=g).to(d) for n in v.shape]
+        if kind == "index_put_":
+            values = torch.randn(index[0].shape, generator=g).to(d)
+            v.index_put_(index, values, accumulate=True)  # duplicates add: no order dependence
+            return [base]
+        dim = rng.randrange(v.dim())
+        # a permutation along dim, cut short: distinct targets, so no write order to depend on
+        idx = torch.rand(v.shape, generator=g).argsort(dim).narrow(dim, 0, rng.randint(1, v.shape[dim])).to(d)
+        v.scatter_(dim, idx, torch.randn(v.shape, generator=g).to(d))
+        return [base]
+
+    return f"seed {seed}: {kind} of view {view} (target {target})", call
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_fuzz_views_with_offsets_against_cpu(chunk):
+    """300 seeded cases: as_strided reads, as_strided_scatter, writes through as_strided,
+    index_put_ (accumulating) and scatter_ into strided views at storage offsets; every value (and
+    as_strided_scatter's layout) as on CPU."""
+    for seed in range(chunk * 75, (chunk + 1) * 75):
+        name, call = _fuzz_case(seed)
+        expected = call("cpu")
+        actual = call("pjrt")
+        for e, a in zip(expected, actual):
+            torch.testing.assert_close(a.cpu(), e, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
