@@ -392,3 +392,47 @@ def test_fuzz_views_with_offsets_against_cpu(chunk):
         actual = call("pjrt")
         for e, a in zip(expected, actual):
             torch.testing.assert_close(a.cpu(), e, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+# --------------------------------------------------------------------------- empty inputs, saved statistics
+EMPTY_CALLS = {
+    "linalg.cholesky 0x0": lambda d: torch.linalg.cholesky(torch.empty(0, 0, device=d)),
+    "linalg.cholesky upper 2x0x0": lambda d: torch.linalg.cholesky(torch.empty(2, 0, 0, device=d), upper=True),
+    "linalg.cholesky_ex 0x0 factor": lambda d: torch.linalg.cholesky_ex(torch.empty(0, 0, device=d))[0],
+    "linalg.cholesky_ex 2x0x0 info": lambda d: torch.linalg.cholesky_ex(torch.empty(2, 0, 0, device=d))[1],
+    "_softmax over a zero-size dim": lambda d: torch._softmax(torch.empty(0, 3, device=d), 0, False),
+    "_log_softmax over a zero-size dim": lambda d: torch._log_softmax(torch.empty(3, 0, device=d), 1, False),
+    "softmax of an empty batch": lambda d: torch.softmax(torch.empty(0, 3, device=d), 1),
+}
+
+
+@pytest.mark.parametrize("name", EMPTY_CALLS)
+def test_empty_inputs_as_on_cpu(name):
+    _same_as_cpu(EMPTY_CALLS[name])
+    assert EMPTY_CALLS[name]("pjrt").dtype == EMPTY_CALLS[name]("cpu").dtype
+
+
+def test_native_batch_norm_eval_saves_empty_statistics():
+    # CPU's saved mean and invstd are empty in evaluation mode (torch's own trace of
+    # _native_batch_norm_legit treats a non-CPU device as CUDA and returns running_mean)
+    def shapes(d, training, stats=True):
+        x = torch.randn(2, 3, device=d)
+        rm, rv = (torch.zeros(3, device=d), torch.ones(3, device=d)) if stats else (None, None)
+        return [t.shape for t in torch.ops.aten.native_batch_norm(x, None, None, rm, rv, training, 0.1, 1e-5)]
+
+    for training, stats in ((False, True), (True, True), (True, False)):
+        assert shapes("pjrt", training, stats) == shapes("cpu", training, stats)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_values_and_gradients(training):
+    def call(d):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, 3, 4, generator=g).to(d).requires_grad_()
+        w, b = torch.rand(3, generator=g).to(d).requires_grad_(), torch.rand(3, generator=g).to(d).requires_grad_()
+        rm, rv = torch.rand(3, generator=g).to(d), (torch.rand(3, generator=g) + 1).to(d)
+        y = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=training)
+        (y * torch.arange(24.0, device=d).reshape(2, 3, 4)).sum().backward()
+        return torch.cat([t.detach().flatten() for t in (y, x.grad, w.grad, b.grad, rm, rv)])
+
+    torch.testing.assert_close(call("pjrt").cpu(), call("cpu"), rtol=1e-5, atol=1e-5)

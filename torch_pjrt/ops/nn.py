@@ -159,7 +159,10 @@ def addr(self, vec1, vec2, *, beta=1, alpha=1):
 
 
 def _along(fn, x, dim):
-    """Apply `fn(x, axis)` also to 0-d tensors (torch allows dim 0 / -1 there)."""
+    """Apply `fn(x, axis)` also to 0-d tensors (torch allows dim 0 / -1 there) and to empty
+    ones (CPU returns them as they are; a max over a zero-size axis has no value)."""
+    if x.size == 0:
+        return x
     if x.ndim == 0:
         return fn(x.reshape(1), 0).reshape(())
     return fn(x, dim)
@@ -396,6 +399,9 @@ def _native_batch_norm_eager(input, weight, bias, running_mean, running_var, tra
         if not training:
             raise RuntimeError("native_batch_norm: running_mean and running_var must be defined in evaluation mode")
         return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    if not training:  # nothing written; and CPU's saved statistics are empty (torch's trace of _legit,
+        # taking pjrt for CUDA, would return running_mean itself as save_mean)
+        return aten._native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
     return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
