@@ -22,9 +22,16 @@ def _is_pjrt(t: torch.Tensor) -> bool:
     return t.device.type == "pjrt"
 
 
+def _may_share(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Cheap test (copy_ is hot): can dst's elements overlap each other or src's?"""
+    if not dst.is_contiguous() and torch._debug_has_internal_overlap(dst) != 0:
+        return True
+    return src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """dst.copy_(src) where either side is on pjrt (host<->pjrt, pjrt:i<->pjrt:j)."""
-    if _is_pjrt(dst) and errors.may_overlap(aten.copy_.default, dst, (src,), {}):
+    if _is_pjrt(dst) and _may_share(dst, src) and errors.may_overlap(aten.copy_.default, dst, (src,), {}):
         # torch's copy_ hands other devices to _copy_from before its TensorIterator's overlap
         # checks: an expanded dst or one sharing part of src raises here, as on CPU
         errors.check_writes(aten.copy_.default, (dst, src), {}, [dst])
