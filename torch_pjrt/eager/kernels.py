@@ -391,8 +391,9 @@ class OutKernel:
         queue = bounds.mark() if self.functional.index_probes is not None else None
         try:
             result, _ = self.functional.compute(args, kwargs)
-        except Exception:  # noqa: BLE001  (the failure path only)
-            errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
+        except Exception as e:  # noqa: BLE001  (the failure path only)
+            if not isinstance(e, errors._DEVICE_ERRORS):  # (out of memory: CPU would not say more)
+                errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
             raise
         results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result
         if any(t.dtype != to_torch(v.dtype) for t, v in zip(_flat_tensors(outs), _flat_values(results))):
