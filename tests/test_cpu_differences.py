@@ -323,7 +323,7 @@ def test_gather_into_exactly_its_index_is_allowed():
         torch.tensor([3, 1], device=d)))
 
 
-# --------------------------------------------------------------------------- fuzz: writes and reads through views with offsets
+# --------------------------------------------------------------------------- fuzz: views with offsets
 STORAGE = 40
 
 

@@ -98,7 +98,8 @@ def uniform_(self, from_=0.0, to=1.0, *, generator=None):
         _check_uniform_range(self, from_, to)
     else:
         _uniform_real_dtype(self)
-    return _over_parts(self, lambda shape, dtype: jax.random.uniform(key(generator), shape, dtype) * (to - from_) + from_)
+    return _over_parts(self, lambda shape, dtype: jax.random.uniform(key(generator), shape, dtype) * (to - from_)
+                       + from_)
 
 
 def _probability(values, position: int) -> bool:
