@@ -79,6 +79,12 @@ def _setup() -> None:
     from .runtime import fork_safety
 
     fork_safety.install()  # DataLoader workers: no JAX fork warning; other forks: one explanation
+    from . import integrations
+
+    integrations.install()  # transformers, accelerate, Lightning find pjrt when imported (docs/ecosystem.md)
+    from .integrations import lightning
+
+    lightning.install()  # accelerator "pjrt", strategies "single_pjrt", "ddp_pjrt" in Lightning's registries
     _ready = True
 
 
