@@ -81,3 +81,23 @@ def test_safetensors_load_file_then_to_pjrt(tmp_path):
     for name, t in tensors.items():
         assert loaded[name].device.type == "pjrt"
         torch.testing.assert_close(loaded[name].cpu(), t, rtol=0, atol=0)
+
+
+def test_peft_lora_trains_on_pjrt_as_on_the_cpu():
+    peft = pytest.importorskip("peft")
+
+    def losses(device: str) -> list[float]:
+        model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        model.to(device)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(3)).to(device)
+        out = []
+        for _ in range(4):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    torch.testing.assert_close(losses("pjrt"), losses("cpu"), rtol=1e-5, atol=1e-5)
