@@ -20,7 +20,7 @@ RANKS = {
     "distributed": 3,
     "compiler": 4,
     "kernels": 5,
-    "device": 6, "autocast": 6, "cli": 6, "tools": 6, "__init__": 6,
+    "device": 6, "autocast": 6, "cli": 6, "tools": 6, "integrations": 6, "__init__": 6,
 }
 APART = {("ops", "runtime"), ("runtime", "ops")}
 ROOT = pathlib.Path(torch_pjrt.__file__).parent
