@@ -28,7 +28,7 @@ def native_accelerators() -> list[str]:
 
 def install() -> None:
     """Hooks run when each library is first imported (now, if it already is)."""
-    from .. import _after_import
+    from torch_pjrt import _after_import  # the package itself (layer 6), defined before setup runs
     from . import huggingface
 
     for module in huggingface.READ_BY:

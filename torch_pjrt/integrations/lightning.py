@@ -285,7 +285,7 @@ def install() -> None:
     The hook is on `<package>.trainer`, not the package: `import pytorch_lightning` imports torch (and so
     us) from inside its own `__init__`, when the package is in sys.modules but has no submodules yet. The
     trainer module comes later and imports the accelerators, strategies, plugins and callbacks we use."""
-    from .. import _after_import
+    from torch_pjrt import _after_import  # the package itself (layer 6), defined before setup runs
 
     for package in PACKAGES:
         _after_import(package + ".trainer", lambda package=package: _register_quietly(package))
