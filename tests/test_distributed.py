@@ -5,32 +5,17 @@ Each test launches worker processes (tests/distributed/cases.py) with a hard tim
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.distributed.launch import REPO, expect_success, launch
+from tests.distributed.launch import REPO, expect_success, launch, torchrun
 
 
 def test_torchrun_launch(tmp_path):
     """torchrun itself (not the test launcher): its environment starts JAX's multi-process runtime."""
     env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               "-m", "tests.distributed.cases", "smoke", str(tmp_path / "out{rank}.json")]
-    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    try:
-        output, _ = job.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)  # torchrun and its workers
-        raise
-    assert job.returncode == 0, output[-4000:]
-    for rank in range(2):
-        value = json.loads((tmp_path / f"out{rank}.json").read_text())
+    for value in torchrun(["-m", "tests.distributed.cases", "smoke"], 2, tmp_path, env):
         assert value == {"path": "xla", "jax_processes": 2, "device": 0, "failures": []}
 
 

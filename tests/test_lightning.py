@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -198,18 +197,9 @@ def test_ddp_two_processes_matches_gloo(tmp_path):
     pytest.importorskip("lightning")
     env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="2", PYTHONPATH=str(REPO),
                OMP_NUM_THREADS="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(Path(__file__)), "ddp", str(tmp_path / "out{rank}.json")]
-    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    try:
-        output, _ = job.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)  # torchrun and its workers
-        raise
-    assert job.returncode == 0, output[-4000:]
-    for rank in range(2):
-        value = json.loads((tmp_path / f"out{rank}.json").read_text())
+    from tests.distributed.launch import torchrun
+
+    for rank, value in enumerate(torchrun([str(Path(__file__)), "ddp"], 2, tmp_path, env)):
         assert value["backend"] == "pjrt" and value["device"] == f"pjrt:{rank}"
         assert value["cpu_backend"] == "gloo"
         assert "strategy='ddp_pjrt'" in value["plain_ddp_error"]

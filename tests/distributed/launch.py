@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,3 +97,20 @@ def expect_success(results: list[Result]) -> list[dict]:
             problems.append(f"--- rank {r.rank} exited {r.returncode}:\n{r.output[-4000:]}")
     assert not problems, "\n".join(problems)
     return [r.value for r in results]
+
+
+def torchrun(script_args: list[str], nprocs: int, outdir: Path, env: dict, timeout: float = 180.0) -> list[dict]:
+    """`python -m torch.distributed.run --standalone` itself (not `launch`'s environment), each
+    worker writing `outdir/out{rank}.json`; on timeout torchrun and its workers are killed.
+    Returns each rank's JSON."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+               *script_args, str(outdir / "out{rank}.json")]
+    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise
+    assert job.returncode == 0, output[-4000:]
+    return [json.loads((outdir / f"out{rank}.json").read_text()) for rank in range(nprocs)]
