@@ -17,16 +17,41 @@ def tiny_llama():
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
 
 
-def train_losses(tmp_path, use_cpu: bool) -> tuple[list[float], torch.device]:
-    g = torch.Generator().manual_seed(1)
-    data = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (16, 16), generator=g)]
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, logging_steps=1, report_to=[],
-        save_strategy="no", use_cpu=use_cpu, learning_rate=1e-3, seed=0, disable_tqdm=True)
-    trainer = transformers.Trainer(model=tiny_llama(), args=args, train_dataset=data)
+def tiny_tokenizer():
+    """A word-level tokenizer over the tiny vocabulary, built here (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    # two digits: a special token's text is never a prefix of another's ("t01" in "t17" would split it)
+    tokenizer = Tokenizer(models.WordLevel({f"t{i:02d}": i for i in range(TINY["vocab_size"])}, unk_token="t00"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t00", eos_token="t01")
+
+
+def token_rows(n: int = 16, length: int = 16) -> list[list[int]]:
+    return torch.randint(2, TINY["vocab_size"], (n, length), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def train_losses(make_trainer, make_args, tmp_path, use_cpu: bool) -> tuple[list[float], torch.device]:
+    """Losses of 4 logged steps of a Trainer-like class, and the device its model trained on."""
+    args = make_args(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, logging_steps=1,
+                     report_to=[], save_strategy="no", use_cpu=use_cpu, learning_rate=1e-3, seed=0,
+                     disable_tqdm=True)
+    trainer = make_trainer(tiny_llama(), args)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return losses, next(trainer.model.parameters()).device
+
+
+def assert_trains_as_on_the_cpu(make_trainer, make_args, tmp_path, monkeypatch) -> None:
+    losses, device = train_losses(make_trainer, make_args, tmp_path / "pjrt", use_cpu=False)
+    assert device.type == "pjrt"
+    # accelerate lets ACCELERATE_TORCH_DEVICE win over use_cpu=True (docs/ecosystem.md): the CPU
+    # reference names the CPU there too, as a user of use_cpu=True on a pjrt machine does.
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    cpu_losses, cpu_device = train_losses(make_trainer, make_args, tmp_path / "cpu", use_cpu=True)
+    assert cpu_device.type == "cpu"
+    assert len(losses) == 4
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
 
 
 def test_the_defaults_are_set_where_pjrt_is_the_accelerator():
@@ -45,15 +70,42 @@ def test_no_default_where_a_native_accelerator_is_available_or_the_user_chose():
 
 
 def test_trainer_trains_on_pjrt_with_no_setting_as_on_the_cpu(tmp_path, monkeypatch):
-    losses, device = train_losses(tmp_path / "pjrt", use_cpu=False)
-    assert device.type == "pjrt"
-    # accelerate lets ACCELERATE_TORCH_DEVICE win over use_cpu=True (docs/ecosystem.md): the CPU
-    # reference names the CPU there too, as a user of use_cpu=True on a pjrt machine does.
-    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
-    cpu_losses, cpu_device = train_losses(tmp_path / "cpu", use_cpu=True)
-    assert cpu_device.type == "cpu"
-    assert len(losses) == 4
-    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    data = [{"input_ids": t, "labels": t} for t in torch.tensor(token_rows())]
+    assert_trains_as_on_the_cpu(
+        lambda model, args: transformers.Trainer(model=model, args=args, train_dataset=data),
+        transformers.TrainingArguments, tmp_path, monkeypatch)
+
+
+def test_trl_sft_trainer_trains_on_pjrt_as_on_the_cpu(tmp_path, monkeypatch):
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"input_ids": token_rows()})
+    # SFTConfig defaults to bf16=True, which transformers accepts only on devices it knows
+    # (docs/ecosystem.md has the upstream change); float32 on both sides compares exactly.
+    assert_trains_as_on_the_cpu(
+        lambda model, args: trl.SFTTrainer(model=model, args=args, train_dataset=data,
+                                           processing_class=tiny_tokenizer()),
+        lambda **kw: trl.SFTConfig(bf16=False, **kw), tmp_path, monkeypatch)
+
+
+def test_trl_import_names_the_bf16_setting_where_pjrt_is_the_accelerator():
+    if not huggingface.applied.get("ACCELERATE_TORCH_DEVICE"):
+        pytest.skip("the user set ACCELERATE_TORCH_DEVICE: torch-pjrt applied no default, so it stays quiet")
+    with pytest.warns(UserWarning, match="Pass bf16=False"):
+        huggingface.warn_bf16_default()
+
+
+def test_text_generation_pipeline_on_pjrt_as_on_the_cpu():
+    def generated(device: str) -> list[int]:
+        generator = transformers.pipeline("text-generation", model=tiny_llama(), tokenizer=tiny_tokenizer(),
+                                          device=device)
+        assert generator.model.device.type == device
+        out = generator("t05 t09 t17 t33", max_new_tokens=8, do_sample=False, return_tensors=True)
+        return out[0]["generated_token_ids"]
+
+    tokens = generated("pjrt")
+    assert tokens[:4] == [5, 9, 17, 33] and len(tokens) > 4
+    assert tokens == generated("cpu")
 
 
 @pytest.mark.parametrize("device_map", ["pjrt", "auto", {"": 0}, 0, "pjrt:0"], ids=str)

@@ -34,3 +34,4 @@ def install() -> None:
     for module in huggingface.READ_BY:
         _after_import(module, huggingface.apply)
     _after_import("accelerate", huggingface.warn_multi_process)
+    _after_import("trl", huggingface.warn_bf16_default)

@@ -53,8 +53,21 @@ def warn_multi_process() -> None:
         warnings.warn(
             "torch-pjrt: accelerate (and so transformers' Trainer) has no multi-process mode for the "
             "pjrt device: under torchrun each process trains on its own, without DDP. Use DDP on the "
-            "'pjrt' process group directly, or Lightning (strategy='ddp'); docs/ecosystem.md has the "
+            "'pjrt' process group directly, or Lightning (strategy='ddp_pjrt'); docs/ecosystem.md has the "
             "accelerate change that enables it.",
+            stacklevel=2,
+        )
+
+
+def warn_bf16_default() -> None:
+    """Run when TRL is imported: its configs default to bf16=True, which transformers refuses on pjrt."""
+    if applied.get("ACCELERATE_TORCH_DEVICE"):
+        # transformers 5.25 accepts bf16 only on devices of its own list (is_torch_bf16_gpu_available),
+        # and its error asks for use_cpu, which is not what a pjrt user wants.
+        warnings.warn(
+            "torch-pjrt: TRL's configs (SFTConfig, DPOConfig...) default to bf16=True, which transformers "
+            "refuses on the pjrt device ('Your setup doesn't support bf16/gpu'). Pass bf16=False; "
+            "docs/ecosystem.md has the transformers change that enables bf16 on pjrt.",
             stacklevel=2,
         )
 
