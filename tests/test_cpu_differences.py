@@ -237,6 +237,25 @@ def test_embedding_bag_mode_out_of_range():
                                                           torch.tensor([0], device=d), False, 5), "mode 5")
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("offsets", [[0, 1], [0, 0], [0, 2]], ids=str)
+def test_embedding_bag_reads_2d_indices_by_flat_position(weighted, offsets):
+    """CPU's _embedding_bag sums 2-D indices with offsets as their flattening (only the
+    functional wrapper refuses the pair); its backward asserts 1-D, so forward only. Mean and
+    max are not compared: there CPU counts bags over the first dimension and sums over all
+    elements (docs/conformance-notes.md)."""
+    weight, indices, mode = torch.randn(10, 3), torch.tensor([[1, 2], [3, 4]]), 0
+    weights = torch.randn(4) if weighted else None
+
+    def run(device):
+        return [r.cpu() for r in torch._embedding_bag(
+            weight.to(device), indices.to(device), torch.tensor(offsets, device=device), mode=mode,
+            per_sample_weights=None if weights is None else weights.to(device))]
+
+    for got, expected in zip(run("pjrt"), run("cpu")):
+        torch.testing.assert_close(got, expected)
+
+
 # --------------------------------------------------------------------------- multinomial's checks
 def _multinomial_error_inputs():
     from torch.testing._internal.common_methods_invocations import op_db

@@ -516,6 +516,7 @@ def embedding_renorm(self, indices, max_norm, norm_type):
 # bag_size holds the bag lengths except for sum (zeros), max_indices the weight rows that
 # gave each maximum (mode max), bag_size again (mean) or zeros (sum). The backward
 # lowerings recompute each position's bag from offsets, so an empty offset2bag is fine.
+# CPU reads indices (and per-sample weights) by their flat positions whatever their shape.
 def _position_bags(indices, offsets, num_bags):
     """The bag of each position of the 1-D `indices`."""
     starts = offsets[:num_bags].astype(INT64)
@@ -547,13 +548,13 @@ def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, i
     if weight.ndim != 2 or mode not in (0, 1, 2):  # meta checks neither: CPU names the error (eager's oracle)
         raise ValueError(f"embedding_bag: weight of {weight.ndim} dims, mode {mode}")
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
-    idx = indices.astype(INT64)
+    idx = indices.reshape(-1).astype(INT64)
     bags = _position_bags(idx, offsets, num_bags)
     keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
     acc = _accumulation_dtype(weight.dtype)
     rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.astype(acc)[:, None]
+        rows = rows * per_sample_weights.reshape(-1).astype(acc)[:, None]
     counts = _bag_rows(keep.astype(INT64), bags, num_bags, jax.ops.segment_sum).astype(offsets.dtype)
     if mode == 2:
         out, max_indices = _embedding_bag_max(rows, keep, idx, bags, num_bags)
@@ -591,6 +592,7 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
     if sparse:
         raise NotImplementedError("pjrt: embedding_bag(sparse=True) needs a sparse gradient; sparse tensors "
                                   "are not supported on pjrt devices (use sparse=False)")
+    indices = indices.reshape(-1)
     bags = _position_bags(indices, offsets, grad.shape[0])
     return _embedding_bag_dense_backward(grad, indices, bags, bag_size, maximum_indices, num_weights,
                                          scale_grad_by_freq, mode, per_sample_weights, padding_idx)
@@ -606,13 +608,13 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
         cols = jnp.broadcast_to(jnp.arange(g.shape[1]), g.shape)
         out = jnp.zeros((num_weights, g.shape[1]), acc).at[rows, cols].add(g, mode="drop")
         return out.astype(grad.dtype)
-    idx = indices.astype(INT64)
+    idx = indices.reshape(-1).astype(INT64)
     bags = offset2bag.astype(INT64)
     if mode == 1:
         g = g / jnp.maximum(bag_size, 1).astype(acc)[:, None]
     per_position = jnp.take(g, bags, axis=0)
     if per_sample_weights is not None:
-        per_position = per_position * per_sample_weights.astype(acc)[:, None]
+        per_position = per_position * per_sample_weights.reshape(-1).astype(acc)[:, None]
     keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), INT64).at[idx].add(1, mode="drop")
@@ -624,7 +626,7 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
 
 @lowering(aten._embedding_bag_per_sample_weights_backward.default)
 def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
-    idx = indices.astype(INT64)
+    idx = indices.reshape(-1).astype(INT64)
     bags = _position_bags(idx, offsets, grad.shape[0])
     acc = _accumulation_dtype(grad.dtype)
     rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
