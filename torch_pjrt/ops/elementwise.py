@@ -401,6 +401,36 @@ logaddexp2 = define(
 ldexp = define("ldexp", lambda a, b: a * jnp.exp2(b), kind=INT_TO_FLOAT, ops=(aten.ldexp.Tensor,))
 
 
+def _regularized_gamma(lower: bool):
+    """torch's calc_igamma / calc_igammac: its edge cases, else JAX's regularized incomplete gamma."""
+    def math(a, x):
+        nan, one, zero = (jnp.full((), v, a.dtype) for v in (jnp.nan, 1.0, 0.0))
+        at_zero_a, at_zero_x, at_inf_x = (one, zero, one) if lower else (zero, one, zero)
+        out = (jsp.gammainc if lower else jsp.gammaincc)(a, x)
+        out = jnp.where(jnp.isinf(x), at_inf_x, out)
+        out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, one - at_inf_x), out)
+        out = jnp.where(x == 0, at_zero_x, out)
+        out = jnp.where(a == 0, jnp.where(x > 0, at_zero_a, nan), out)
+        return jnp.where((x < 0) | (a < 0), nan, out)
+    return math
+
+
+igamma = define("igamma", _regularized_gamma(lower=True), allowed="f")
+igammac = define("igammac", _regularized_gamma(lower=False), allowed="f")
+
+
+@lowering(aten.frexp.Tensor, padding=SAME)
+def frexp(self):
+    """Mantissa in [0.5, 1) and an int32 exponent; inf and nan keep themselves with exponent 0 (C's frexp)."""
+    if category(self.dtype) != "f":
+        raise RuntimeError("torch.frexp() only supports floating-point dtypes")
+    compute = jnp.float32 if self.dtype in (jnp.float16, jnp.bfloat16) else self.dtype
+    mantissa, exponent = jnp.frexp(self.astype(compute))
+    finite = jnp.isfinite(self)
+    return (jnp.where(finite, mantissa.astype(self.dtype), self),
+            jnp.where(finite, exponent, 0).astype(jnp.int32))
+
+
 def _same_dtype(name, what, *xs):
     first = dtype_of(xs[0])
     for x in xs[1:]:

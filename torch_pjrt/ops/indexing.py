@@ -351,6 +351,18 @@ def index_add(self, dim, index, source, *, alpha=1):
     return out.reshape(self.shape)
 
 
+@lowering(aten.index_reduce.default, index_probes=probes.along_dim(IndexError, probes.IN_SELF))
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    """scatter_reduce with the index repeated along source's other dimensions."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    dim = wrap_dim(dim, self.ndim)
+    source = _as_1d(source)
+    index = index.reshape(-1).reshape((1,) * dim + (-1,) + (1,) * (source.ndim - dim - 1))
+    index = jnp.broadcast_to(wrap_index(index, self.shape[dim] if self.ndim else 1), source.shape)
+    return scatter_reduce(_as_1d(self), dim, index, source, reduce, include_self=include_self).reshape(self.shape)
+
+
 @lowering(aten.index_copy.default, index_probes=probes.along_dim(IndexError, "index_copy_(): " + probes.OUT_OF_BOUNDS))
 def index_copy(self, dim, index, source):
     """Rows of source copied to rows `index` of self along dim; the last duplicate wins."""

@@ -730,6 +730,11 @@ def _unique2(self, sorted=True, return_inverse=False, return_counts=False):  # n
             counts.astype(INT64) if return_counts else _empty_index())
 
 
+@lowering(aten._unique.default, jit=False)
+def _unique(self, sorted=True, return_inverse=False):  # noqa: A002
+    return _unique2(self, sorted, return_inverse)[:2]
+
+
 @lowering(aten.unique_dim.default, jit=False)
 def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):  # noqa: A002
     dim = wrap_dim(dim, self.ndim)
