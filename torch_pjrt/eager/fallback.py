@@ -15,7 +15,8 @@ import torch
 
 from ..ops.registry import LOWERINGS
 from ..runtime import storage
-from . import decomposed
+from . import decomposed, paths
+from .errors import op_label
 
 _counts: collections.Counter = collections.Counter()
 _decomposed: collections.Counter = collections.Counter()
@@ -45,6 +46,7 @@ def _is_pjrt(x) -> bool:
 
 def run(op, *args, **kwargs):
     """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
+    paths.entered(op_label(op))
     name = str(op)
     from torch._decomp import decomposition_table  # imported on first use: it costs 0.3 s
 

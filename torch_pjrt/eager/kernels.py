@@ -23,7 +23,7 @@ import torch
 from ..runtime import fused, index_checks as bounds, storage
 from ..runtime.fused import Pending, Recordable
 
-from . import errors, stats
+from . import errors, paths, stats
 from ..runtime.build import load as _load_runtime
 from ..dtypes import TORCH_TO_JAX, c10_name, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
@@ -536,7 +536,7 @@ def _install(op, kernel) -> None:
     else:
         if namespace not in _LIBRARIES:
             _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")
-        _LIBRARIES[namespace].impl(_name(op), kernel, "PrivateUse1")
+        _LIBRARIES[namespace].impl(_name(op), paths.counted(op, kernel), "PrivateUse1")
     _REGISTERED[op] = kernel
 
 

@@ -73,12 +73,15 @@ def eager_stats() -> dict:
     """A snapshot: executables traced per op, their total, compile seconds and persistent
     cache hits of this process (the last two count every executable, compiled graphs too),
     which arguments changed between an op's executables, and fused mode's regions
-    (runtime/fused.py: regions, ops per region, compiles and cache hits, why regions ended)."""
+    (runtime/fused.py: regions, ops per region, compiles and cache hits, why regions ended), and
+    per op which path its calls took ("paths": the C++ fast path or Python, eager/paths.py)."""
     from ..runtime import fused
+    from . import paths
 
     with _lock:
         return {
             "fused": fused.stats(),
+            "paths": paths.snapshot(),
             "executables": sum(_by_op.values()),
             "by_op": dict(_by_op.most_common()),
             "changing_arguments": {str(op): dict(c) for op, c in _changing.items()},
@@ -88,8 +91,10 @@ def eager_stats() -> dict:
 
 def reset_eager_stats() -> None:
     from ..runtime import fused
+    from . import paths
 
     fused.reset_stats()
+    paths.reset()
     with _lock:
         _by_op.clear()
         _last.clear()

@@ -79,6 +79,11 @@ _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt"
                 "MemoryFormat": 5}
 
 
+def _without_optional(type_name: str) -> str:
+    """"Optional[List[int]]" -> "List[int]"; "List[int]" stays as it is."""
+    return type_name[len("Optional["):-1] if type_name.startswith("Optional[") else type_name
+
+
 class OpCall:
     """The calling convention of one lowering (see registry.py for the contract)."""
 
@@ -186,7 +191,7 @@ class OpCall:
             elif i in self.scalars:
                 plan.append(FAST_SCALAR)
             else:
-                fast = _FAST_STATIC.get(str(arg.real_type).removeprefix("Optional[").removesuffix("]"))
+                fast = _FAST_STATIC.get(_without_optional(str(arg.real_type)))
                 if fast is None:
                     return None
                 plan.append(fast)

@@ -184,19 +184,17 @@ def _devices_are_one() -> bool:
     return _single_device
 
 
+_recorded: collections.Counter = collections.Counter()  # recordable name -> calls recorded here (eager_stats)
+
+
 def record(rec: Recordable, args: tuple, device: int | None = None):
     """Record `rec(*args)` into the region; its outputs as Pending values (same pytree)."""
+    _recorded[rec.name] += 1
     if not rec.jit:
         return rec.fn(*concrete(args))
     if device is None:
         device = rec.device
-    static = rec.static
-    if static:
-        statics = tuple(args[i] for i in static)
-        dynamic = [a for i, a in enumerate(args) if i not in static]
-    else:
-        statics, dynamic = (), args
-    leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    statics, leaves, treedef = _split(rec, args)
     with _lock:
         region = _current()
         kinds, avals = [], []
@@ -260,6 +258,18 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         if len(region.calls) >= MAX_CALLS:
             _flush_locked(region, "max ops")
     return outs[0] if out_treedef is None else jax.tree_util.tree_unflatten(out_treedef, outs)
+
+
+def _split(rec: Recordable, args: tuple):
+    """(static arguments, the dynamic ones' leaves, their treedef) of a call of `rec`."""
+    static = rec.static
+    if static:
+        statics = tuple(args[i] for i in static)
+        dynamic = [a for i, a in enumerate(args) if i not in static]
+    else:
+        statics, dynamic = (), args
+    leaves, treedef = jax.tree_util.tree_flatten(dynamic)
+    return statics, leaves, treedef
 
 
 _scalar_avals: dict = {}  # the abstract value of a host scalar, by type
@@ -574,8 +584,14 @@ def stats() -> dict:
         }
 
 
+def recorded_counts() -> dict:
+    """Calls this Python recorder took, by what was recorded (an op's name, a storage step's)."""
+    return dict(_recorded)
+
+
 def reset_stats() -> None:
     with _lock:
+        _recorded.clear()
         _stats.clear()
         _ended_by.clear()
         _recent_regions.clear()

@@ -49,6 +49,9 @@ bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
                           py::object slow, py::object store, std::vector<int> kinds);
+// Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel).
+py::dict fast_path_counts();
+void reset_fast_path_counts();
 void set_sdp_choice(py::function choose);
 
 }  // namespace torch_pjrt

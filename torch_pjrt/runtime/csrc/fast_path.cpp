@@ -152,9 +152,17 @@ class FastKernel : public c10::OperatorKernel {
   // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
   // `store` is None for a functional op; for an in-place op (self first), the Python
   // function that writes a result into self when it is not simply self's new buffer.
-  FastKernel(py::object run, py::object recorded, py::object slow, py::object store, std::vector<int> kinds)
-      : run_(run.release().ptr()), recorded_(recorded.release().ptr()), slow_(slow.release().ptr()),
-        store_(store.is_none() ? nullptr : store.release().ptr()), kinds_(std::move(kinds)) {}
+  FastKernel(std::string name, py::object run, py::object recorded, py::object slow, py::object store,
+             std::vector<int> kinds)
+      : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
+        slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
+        kinds_(std::move(kinds)) {}
+
+  // Calls served here (their executable run, or their call recorded) and calls that entered
+  // the Python kernel; the GIL guards them. eager_stats()'s "paths" reads them.
+  const std::string name_;
+  int64_t fast_calls_ = 0;
+  int64_t slow_calls_ = 0;
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = kinds_.size();
@@ -181,6 +189,7 @@ class FastKernel : public c10::OperatorKernel {
         return slow(op, stack, n);
       }
       result = py::reinterpret_steal<py::object>(out);
+      fast_calls_++;
     }
     if (store_) {
       c10::IValue self = (*stack)[stack->size() - n];
@@ -317,6 +326,7 @@ class FastKernel : public c10::OperatorKernel {
 
   // The Python kernel with the arguments as Python objects (all positional: it binds by schema order).
   void slow(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n) {
+    slow_calls_++;
     auto args = torch::jit::last(*stack, n);
     py::tuple values(n);
     for (size_t i = 0; i < n; i++) {
@@ -348,6 +358,7 @@ class FastKernel : public c10::OperatorKernel {
 };
 
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
+static std::vector<FastKernel*> g_fast_kernels;  // owned by their libraries' registrations
 
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
                        py::object strided_view, py::object record_call, py::object pending_type,
@@ -371,9 +382,20 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
     library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
                                                __LINE__);
   }
-  library->impl(name.c_str(),
-                torch::CppFunction::makeFromBoxedFunctor(
-                                 std::make_unique<FastKernel>(run, recorded, slow, store, std::move(kinds))));
+  auto kernel = std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds));
+  g_fast_kernels.push_back(kernel.get());
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+}
+
+py::dict fast_path_counts() {
+  py::dict counts;
+  for (FastKernel* k : g_fast_kernels)
+    if (k->fast_calls_ || k->slow_calls_) counts[py::str(k->name_)] = py::make_tuple(k->fast_calls_, k->slow_calls_);
+  return counts;
+}
+
+void reset_fast_path_counts() {
+  for (FastKernel* k : g_fast_kernels) k->fast_calls_ = k->slow_calls_ = 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -193,6 +193,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_fused", &tp::set_fused);
   m.def("store_whole", &tp::store_whole);
   m.def("set_sdp_choice", &tp::set_sdp_choice);
+  m.def("fast_path_counts", &tp::fast_path_counts);
+  m.def("reset_fast_path_counts", &tp::reset_fast_path_counts);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });
   m.def("next_seed", &tp::py_next_seed);
