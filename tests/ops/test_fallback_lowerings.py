@@ -125,3 +125,35 @@ def test_ctc_loss_and_its_log_probs_gradient_match_cpu(layout, zero_infinity):
     with no_fallback():
         got = run("pjrt")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rrelu_with_noise_as_cpu_draws_it(training):
+    """Eval: equal to CPU. Training: CPU's rule with pjrt's own draws (another generator): each
+    element <= 0 scaled by a slope in [lower, upper] that noise records and the gradient is;
+    positives and NaN keep themselves with slope 1."""
+    torch.manual_seed(0)
+    x = torch.randn(2000)
+    x[:3] = torch.tensor([0.0, -0.0, float("nan")])
+    lower, upper = 0.1, 0.4
+
+    def run(device):
+        xx = x.detach().to(device).requires_grad_()
+        noise = torch.empty_like(xx)
+        with no_fallback():
+            y = torch.ops.aten.rrelu_with_noise(xx, noise, lower, upper, training)
+            y.sum().backward()
+        return y.detach().cpu(), noise.cpu(), xx.grad.cpu()
+
+    y, noise, grad = run("pjrt")
+    if not training:
+        cpu_y, _, cpu_grad = run("cpu")
+        torch.testing.assert_close(y, cpu_y, equal_nan=True)
+        torch.testing.assert_close(grad, cpu_grad)
+        return
+    drawn = x <= 0
+    assert ((noise[drawn] >= lower) & (noise[drawn] <= upper)).all() and (noise[~drawn] == 1).all()
+    assert noise[drawn].std() > 0.05  # drawn, not one value
+    torch.testing.assert_close(y[drawn], x[drawn] * noise[drawn])
+    torch.testing.assert_close(y[~drawn], x[~drawn], equal_nan=True)
+    torch.testing.assert_close(grad, noise)

@@ -222,6 +222,23 @@ def native_dropout(input, p, train, *, generator=None):
     return jnp.where(keep, input * scale, jnp.zeros((), input.dtype)), keep
 
 
+@lowering(aten.rrelu_with_noise.default, random=True)
+def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """Returns (noise's new value, the output). Training: each non-positive element is scaled
+    by a slope drawn uniformly from [lower, upper], which noise records (1 elsewhere); eval:
+    leaky_relu with the mean slope, noise untouched (CPU's kernel)."""
+    if not jnp.issubdtype(self.dtype, jnp.floating):
+        raise TypeError("rrelu_with_noise has no kernel for integer tensors")
+    if not training:
+        slope = jnp.asarray((lower + upper) / 2, jnp.float64).astype(self.dtype)
+        return noise, jnp.where(self >= 0, self, self * slope)
+    compute = _float_dtype(self) if self.dtype not in (jnp.float16, jnp.bfloat16) else jnp.float32
+    slopes = jax.random.uniform(key(generator), self.shape, compute, lower, upper).astype(self.dtype)
+    drawn = self <= 0  # NaN keeps itself with slope 1, as CPU's `input <= 0` test
+    new_noise = jnp.where(drawn, slopes, jnp.ones((), self.dtype)).astype(noise.dtype)
+    return new_noise, jnp.where(drawn, self * slopes, self)
+
+
 def _multinomial_refused(self, num_samples, replacement) -> bool:
     """CPU's checks of multinomial's arguments (not its data): 1-D or 2-D floating weights, at
     least one sample, no more than the categories without replacement, at most 2^24 of them."""
