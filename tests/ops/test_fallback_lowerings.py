@@ -31,6 +31,8 @@ CASES = {
     ("nn.functional.ctc_loss", ""): (torch.float32, torch.float64),
     ("nn.functional.grid_sample", ""): (torch.float32, torch.float64),
     ("histogram", ""): (torch.float32, torch.float64),
+    ("_segment_reduce", "lengths"): (torch.float32, torch.float64),
+    ("_segment_reduce", "offsets"): (torch.float32, torch.float64),
     ("histogramdd", ""): (torch.float32, torch.float64),
 }
 
@@ -157,3 +159,35 @@ def test_rrelu_with_noise_as_cpu_draws_it(training):
     torch.testing.assert_close(y[drawn], x[drawn] * noise[drawn])
     torch.testing.assert_close(y[~drawn], x[~drawn], equal_nan=True)
     torch.testing.assert_close(grad, noise)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "mean", "sum", "prod"])
+def test_segment_reduce_edge_cases_and_gradients_match_cpu(reduce):
+    """Empty segments, NaN, zeros and ties (with a negative incoming gradient: CPU divides a
+    tie's gradient only where it is positive)."""
+    data = torch.tensor([[1.0, 3.0, 3.0, 0.0, float("nan"), 2.0, 0.0, 5.0],
+                         [2.0, 2.0, -1.0, 0.0, 4.0, 4.0, 1.0, 0.5]])
+    lengths = torch.tensor([[2, 0, 3, 3], [3, 1, 0, 4]])
+    seed = torch.tensor([[1.0, -2.0, 0.5, -1.0], [-0.5, 2.0, 1.0, 3.0]])
+
+    def run(device, initial):
+        x = data.detach().to(device).requires_grad_()
+        out = torch.segment_reduce(x, reduce, lengths=lengths.to(device), axis=1, initial=initial)
+        out.backward(seed.to(device))
+        return out.detach().cpu(), x.grad.cpu()
+
+    for initial in (None, 2.0):
+        expected = run("cpu", initial)
+        with no_fallback():
+            got = run("pjrt", initial)
+        torch.testing.assert_close(got, expected, equal_nan=True, msg=lambda m: f"initial={initial}: {m}")
+
+
+def test_segment_reduce_refuses_lengths_that_do_not_cover_the_axis():
+    def run(device):
+        return torch.segment_reduce(torch.ones(4, device=device), "sum", lengths=torch.tensor([1, 2], device=device))
+
+    with pytest.raises(RuntimeError) as cpu:
+        run("cpu")
+    with pytest.raises(RuntimeError, match=str(cpu.value).split("(")[0]):
+        run("pjrt")
