@@ -510,6 +510,8 @@ def register(special: dict) -> None:
     kernels.update(special)
     _rt.set_eager_helpers(weak_scalar, storage.read_lazily, storage._recent.append, _ARRAY, storage.view_of,
                           fused.record, Pending, TORCH_TO_JAX)
+    _rt.set_recorder_helpers(fused.current_region, fused.call_signature, fused.end_region, fused._lock, fused._open,
+                             Pending, _ARRAY, storage.StridedView, fused, fused._devices_are_one())
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)

@@ -3,14 +3,16 @@
 An eager call of a table op enters its C++ kernel (runtime/csrc/fast_path.cpp, FastKernel),
 which either serves it (its executable run from C++, or its call handed to the recorder) or
 gives it to the op's Python kernel (kernels.py). Other ops have Python kernels only
-(transfer.py, view_kernels.py, the boxed fallback). In fused mode every recorded call goes
-through the Python recorder (runtime/fused.py, `record`). The counts:
+(transfer.py, view_kernels.py, the boxed fallback). In fused mode a fast call of a signature
+seen before is recorded in C++ (runtime/csrc/recorder.cpp); the rest go through the Python
+recorder (runtime/fused.py, `record`). The counts:
 
   fast             calls the C++ kernel served without a Python kernel
   python_kernel    calls that entered a Python kernel (FastKernel's slow path, a Python-registered
                    kernel, the fallback: decompositions and CPU fallback)
   python_recorder  calls recorded by fused.record, by the name of what was recorded (an op, or a
                    storage step such as "read view" or "write view")
+  cpp_recorder     fast calls recorded by the C++ recorder (runtime/csrc/recorder.cpp): no Python ran
 
 The C++ kernels count in C++ (two integers per kernel); the rest count where Python already runs.
 """
@@ -46,11 +48,14 @@ def counted(op, kernel: Callable) -> Callable:
 
 
 def snapshot() -> dict:
-    """{name: {"fast": n, "python_kernel": n, "python_recorder": n}} for every name with a count."""
-    out: dict = collections.defaultdict(lambda: {"fast": 0, "python_kernel": 0, "python_recorder": 0})
-    for name, (fast, slow) in _load_runtime().fast_path_counts().items():
+    """{name: {"fast": n, "python_kernel": n, "python_recorder": n, "cpp_recorder": n}} for every name
+    with a count."""
+    out: dict = collections.defaultdict(lambda: {"fast": 0, "python_kernel": 0, "python_recorder": 0,
+                                                 "cpp_recorder": 0})
+    for name, (fast, slow, recorded) in _load_runtime().fast_path_counts().items():
         out[name]["fast"] += fast
         out[name]["python_kernel"] += slow
+        out[name]["cpp_recorder"] += recorded
     for name, n in _python_kernels.items():
         out[name]["python_kernel"] += n
     for name, n in fused.recorded_counts().items():

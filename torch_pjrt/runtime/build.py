@@ -56,7 +56,8 @@ def cache_dir() -> Path:
 
 # The translation units (runtime.h says what each holds), compiled in parallel by ninja in
 # this order: the longest first, so it is not the one left running alone at the end.
-SOURCES = ("fast_path.cpp", "module.cpp", "kernels.cpp", "allocator.cpp", "hooks.cpp", "profiler.cpp", "guard.cpp")
+SOURCES = ("fast_path.cpp", "module.cpp", "recorder.cpp", "kernels.cpp", "allocator.cpp", "hooks.cpp", "profiler.cpp",
+           "guard.cpp")
 
 
 def _key() -> str:

@@ -272,6 +272,37 @@ def _split(rec: Recordable, args: tuple):
     return statics, leaves, treedef
 
 
+def call_signature(rec: Recordable, args: tuple):
+    """What the C++ recorder (runtime/csrc/recorder.cpp) keeps of a call signature it records:
+    (call id, the dynamic arguments' treedef, the static arguments, the outputs' treedef, their
+    avals, the dynamic arguments' leaves), as `record` computes them (tracing the call on first sight: raises what it raises).
+    None for a call it must leave to `record` (a data-dependent function, a leaf that is not an
+    array or a Pending of this thread's region)."""
+    if not rec.jit:
+        return None
+    statics, leaves, treedef = _split(rec, args)
+    if any(type(leaf) is not _ARRAY and type(leaf) is not Pending for leaf in leaves):
+        return None
+    avals = [leaf.aval for leaf in leaves]
+    key = (rec, _typed(statics) if statics else (), treedef, tuple(avals))
+    shape = _shapes.get(key)
+    if shape is None:
+        shape = _shape_of(rec, args, leaves, treedef, avals, key)
+    call_id, out_treedef, out_avals = shape
+    return call_id, treedef, statics, out_treedef, out_avals, leaves
+
+
+def current_region() -> Region:
+    """This thread's region (the C++ recorder's way in)."""
+    return _current()
+
+
+def end_region(region: Region, reason: str) -> None:
+    """Run `region` (the C++ recorder's bound on a region's calls)."""
+    with _lock:
+        _flush_locked(region, reason)
+
+
 _scalar_avals: dict = {}  # the abstract value of a host scalar, by type
 
 

@@ -6,6 +6,12 @@
 
 #include <pybind11/pytypes.h>
 
+#include <unordered_map>
+
+namespace c10 {
+struct IValue;
+}  // namespace c10
+
 namespace torch_pjrt {
 
 namespace py = pybind11;
@@ -38,6 +44,43 @@ const ArrayType& array_type(const py::object& array);
 // no lazy conj/neg bit): the zero-cost read of the eager hot path.
 bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 
+// ---- recorder.cpp: fused eager's recorder for fast kernels' calls ----
+namespace py = pybind11;
+void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
+                          py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
+                          py::object strided_view_type, py::object fused, bool single_device);
+
+// One fast kernel's recorder: the call signatures it has recorded (fused.call_signature's answers).
+class CallRecorder {
+ public:
+  explicit CallRecorder(PyObject* recordable) : recordable_(recordable) {}
+  // Record recordable(*values) (args: the same arguments as the dispatcher gave them) into this
+  // thread's region: its outputs (a Pending, or their pytree), a new reference. nullptr where
+  // fused.record must record the call instead: with an error set, the call's own error.
+  PyObject* record(const c10::IValue* args, PyObject* values, int device);
+  int64_t recorded = 0;  // calls recorded here
+
+ private:
+  struct Signature {
+    py::object call_id, treedef, statics, out_treedef;
+    std::vector<py::object> out_avals;
+    std::vector<py::object> held;  // the operand avals whose addresses the key holds
+    std::vector<bool> scalar;      // per operand: a 0-d array (an input of its own)
+    std::vector<py::object> constants;  // per operand: the signature's own value (a view's offset scalar), or null
+  };
+  bool view_key(PyObject* view);
+  struct KeyHash {
+    size_t operator()(const std::vector<int64_t>& key) const;
+  };
+  PyObject* recordable_;  // fused.Recordable
+  std::vector<bool> is_static_;  // per argument: a static argument of the recordable
+  // never freed, as the kernels are not: their Python objects must outlive the interpreter's end
+  std::unordered_map<std::vector<int64_t>, Signature, KeyHash>& signatures_ =
+      *new std::unordered_map<std::vector<int64_t>, Signature, KeyHash>();
+  std::vector<int64_t> key_;      // scratch
+  std::vector<PyObject*> leaves_;  // scratch: the call's operands (arrays and Pendings; null: a constant)
+};
+
 // ---- fast_path.cpp ----
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
                        py::object strided_view, py::object record_call, py::object pending_type,
@@ -49,7 +92,8 @@ bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
                           py::object slow, py::object store, std::vector<int> kinds);
-// Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel).
+// Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
+// calls recorded in C++).
 py::dict fast_path_counts();
 void reset_fast_path_counts();
 void set_sdp_choice(py::function choose);

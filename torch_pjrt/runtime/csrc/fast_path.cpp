@@ -156,7 +156,7 @@ class FastKernel : public c10::OperatorKernel {
              std::vector<int> kinds)
       : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
         slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
-        kinds_(std::move(kinds)) {}
+        kinds_(std::move(kinds)), recorder_(recorded_) {}
 
   // Calls served here (their executable run, or their call recorded) and calls that entered
   // the Python kernel; the GIL guards them. eager_stats()'s "paths" reads them.
@@ -179,9 +179,13 @@ class FastKernel : public c10::OperatorKernel {
       }
       if (!fast || device < 0) return slow(op, stack, n);
       bool record = g_fused && !at::globalContext().deterministicAlgorithms();
-      // fused.record directly: this kernel already knows that fused mode records (Recordable.__call__'s test)
-      PyObject* out = record ? PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, values.ptr(), nullptr)
-                             : PyObject_Call(run_, values.ptr(), nullptr);
+      PyObject* out;
+      if (record) {  // this kernel already knows that fused mode records (Recordable.__call__'s test)
+        out = recorder_.record(args.data(), values.ptr(), device);
+        if (!out && !PyErr_Occurred()) out = PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, values.ptr(), nullptr);
+      } else {
+        out = PyObject_Call(run_, values.ptr(), nullptr);
+      }
       if (!out) {
         // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
         if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
@@ -355,6 +359,9 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
+
+ public:
+  CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
 };
 
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
@@ -390,12 +397,13 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
 py::dict fast_path_counts() {
   py::dict counts;
   for (FastKernel* k : g_fast_kernels)
-    if (k->fast_calls_ || k->slow_calls_) counts[py::str(k->name_)] = py::make_tuple(k->fast_calls_, k->slow_calls_);
+    if (k->fast_calls_ || k->slow_calls_)
+      counts[py::str(k->name_)] = py::make_tuple(k->fast_calls_, k->slow_calls_, k->recorder_.recorded);
   return counts;
 }
 
 void reset_fast_path_counts() {
-  for (FastKernel* k : g_fast_kernels) k->fast_calls_ = k->slow_calls_ = 0;
+  for (FastKernel* k : g_fast_kernels) k->fast_calls_ = k->slow_calls_ = k->recorder_.recorded = 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 //                   _reshape_alias, resize_, set_) and the dtypes a storage may hold
 //   profiler.cpp    device time per op for torch's profiler (memory: allocator.cpp)
 //   fast_path.cpp   the eager fast path (FastKernel) and SDPA's backend choice
+//   recorder.cpp    fused eager's recorder of fast kernels' calls (CallRecorder)
 //   module.cpp      the Python module (used by torch_pjrt/*.py): a storage's JAX buffer
 //                   as storage.py sees it, and the runtime's calls into Python
 //

@@ -1,0 +1,321 @@
+// The fused-eager recorder's steady path, in C++: a fast kernel's call recorded into its
+// thread's region (runtime/fused.py) without running Python code.
+//
+// fused.record does the same in Python for every call; here a call whose signature this
+// kernel has recorded before (the same static arguments, the same operand avals) appends to
+// the region's lists directly: its operands' references, its output Pendings, its entry in
+// the region's structure. The first sight of a signature asks fused.call_signature (which
+// traces the call, as record does) and keeps the answer. Anything unusual (another thread's
+// pending operand, a region of another device, a leaf that is not an array or a Pending) is
+// left to fused.record, which owns the full semantics. The region, its key and its run stay
+// in Python: a region has the same structure however its calls were recorded, so it finds
+// the same executable.
+#include "bindings.h"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/Exceptions.h>
+
+#include <cstring>
+
+namespace torch_pjrt {
+
+namespace {
+
+struct RecorderHelpers {
+  PyObject* current_region = nullptr;  // fused.current_region()
+  PyObject* call_signature = nullptr;  // fused.call_signature(rec, args)
+  PyObject* end_region = nullptr;      // fused.end_region(region, reason)
+  PyObject* lock = nullptr;            // fused._lock (an RLock)
+  PyObject* open_regions = nullptr;    // fused._open
+  PyObject* pending_type = nullptr;    // fused.Pending
+  PyObject* array_type = nullptr;      // jax's concrete array class
+  PyObject* strided_view_type = nullptr;  // storage.StridedView
+  PyObject* fused = nullptr;           // the fused module (its MAX_CALLS, read per call: a test may set it)
+  bool single_device = true;           // fused._devices_are_one(): regions keep no device
+  // interned attribute names
+  PyObject *calls, *structure, *inputs, *input_index, *outputs, *device, *ran, *aval, *value, *region, *slot, *shape,
+      *static_, *max_ops, *acquire, *release, *geometry, *buffer, *max_calls;
+};
+RecorderHelpers g_rec;
+bool g_ready = false;
+
+thread_local PyObject* t_region = nullptr;  // this thread's region, as fused.current_region() last gave it
+
+bool is_value(PyObject* leaf) {  // an array or a Pending: a leaf of its own
+  PyTypeObject* type = Py_TYPE(leaf);
+  return type == reinterpret_cast<PyTypeObject*>(g_rec.array_type) ||
+         type == reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
+}
+
+py::object attr(PyObject* o, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (!v) throw python_error();
+  return py::reinterpret_steal<py::object>(v);
+}
+
+void set_attr(PyObject* o, PyObject* name, PyObject* value) {
+  if (PyObject_SetAttr(o, name, value) < 0) throw python_error();
+}
+
+// The region this thread records into (a new one once the last ran).
+PyObject* current_region() {
+  if (t_region && attr(t_region, g_rec.ran).ptr() != Py_True) return t_region;
+  Py_CLEAR(t_region);
+  t_region = PyObject_CallNoArgs(g_rec.current_region);
+  if (!t_region) throw python_error();
+  return t_region;
+}
+
+// A Pending(aval, region, slot) made without running its Python __init__: no bytecode runs
+// while a call is recorded.
+py::object new_pending(PyObject* aval, PyObject* region, Py_ssize_t slot) {
+  auto* type = reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
+  PyObject* p = type->tp_alloc(type, 0);
+  if (!p) throw python_error();
+  py::object pending = py::reinterpret_steal<py::object>(p);
+  py::object index = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(slot));
+  set_attr(p, g_rec.aval, aval);
+  set_attr(p, g_rec.value, Py_None);
+  set_attr(p, g_rec.region, region);
+  set_attr(p, g_rec.slot, index.ptr());
+  return pending;
+}
+
+// A static argument as key words; false for one this cache does not key (fused.record then).
+bool static_key(const c10::IValue& v, std::vector<int64_t>& key) {
+  auto push_double = [&](double d) {
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof(d));
+    key.push_back(bits);
+  };
+  if (v.isNone()) {
+    key.push_back(1);
+  } else if (v.isBool()) {  // a bool is not an int here: True and 1 trace differently
+    key.insert(key.end(), {2, v.toBool()});
+  } else if (v.isInt()) {
+    key.insert(key.end(), {3, v.toInt()});
+  } else if (v.isDouble()) {
+    key.push_back(4);
+    push_double(v.toDouble());
+  } else if (v.isString()) {
+    const std::string& s = v.toStringRef();
+    key.insert(key.end(), {5, int64_t(s.size())});
+    for (size_t i = 0; i < s.size(); i += 8) {
+      int64_t chunk = 0;
+      std::memcpy(&chunk, s.data() + i, std::min<size_t>(8, s.size() - i));
+      key.push_back(chunk);
+    }
+  } else if (v.isIntList()) {
+    auto list = v.toIntList();
+    key.insert(key.end(), {6, int64_t(list.size())});
+    for (int64_t x : list) key.push_back(x);
+  } else if (v.isDoubleList()) {
+    auto list = v.toDoubleList();
+    key.insert(key.end(), {7, int64_t(list.size())});
+    for (double x : list) push_double(x);
+  } else if (v.isBoolList()) {
+    auto list = v.toBoolList();
+    key.insert(key.end(), {8, int64_t(list.size())});
+    for (bool x : list) key.push_back(x);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// fused._lock held for the scope (regions are shared with threads that run them).
+struct LockGuard {
+  LockGuard() { call(g_rec.acquire); }
+  ~LockGuard() {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);  // release with a pending error kept
+    PyObject* r = PyObject_CallMethodNoArgs(g_rec.lock, g_rec.release);
+    Py_XDECREF(r);
+    PyErr_Restore(type, value, trace);
+  }
+  static void call(PyObject* method) {
+    PyObject* r = PyObject_CallMethodNoArgs(g_rec.lock, method);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+  }
+};
+
+}  // namespace
+
+void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
+                          py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
+                          py::object strided_view_type, py::object fused, bool single_device) {
+  auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
+  g_rec = {current_region.release().ptr(), call_signature.release().ptr(), end_region.release().ptr(),
+           lock.release().ptr(), open_regions.release().ptr(), pending_type.release().ptr(),
+           array_type.release().ptr(), strided_view_type.release().ptr(), fused.release().ptr(), single_device,
+           name("calls"), name("structure"), name("inputs"), name("input_index"), name("outputs"), name("device"),
+           name("ran"), name("aval"), name("value"), name("region"), name("slot"), name("shape"), name("static"),
+           name("max ops"), name("acquire"), name("release"), name("_geometry"), name("buffer"), name("MAX_CALLS")};
+  g_ready = true;
+}
+
+// A StridedView operand (storage.py): its buffer's aval and its geometry as key words; its
+// leaves are the buffer and the offset's scalar (a constant of the signature: nullptr here).
+bool CallRecorder::view_key(PyObject* view) {
+  py::object geometry = attr(view, g_rec.geometry);
+  py::object buffer = attr(view, g_rec.buffer);
+  if (!PyTuple_CheckExact(geometry.ptr()) || PyTuple_GET_SIZE(geometry.ptr()) != 6 || !is_value(buffer.ptr()))
+    return false;  // a padded buffer's geometry, another buffer: fused.record
+  key_.insert(key_.end(), {9, reinterpret_cast<intptr_t>(attr(buffer.ptr(), g_rec.aval).ptr())});
+  for (int part = 0; part < 2; part++) {  // sizes, strides
+    PyObject* dims = PyTuple_GET_ITEM(geometry.ptr(), part);
+    if (!PyTuple_CheckExact(dims)) return false;
+    key_.push_back(PyTuple_GET_SIZE(dims));
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(dims); d++) key_.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d)));
+  }
+  key_.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(geometry.ptr(), 2)));  // offset (the view's static part depends on it)
+  if (PyErr_Occurred()) throw python_error();
+  for (int part = 3; part < 6; part++) key_.push_back(reinterpret_cast<intptr_t>(PyTuple_GET_ITEM(geometry.ptr(), part)));
+  leaves_.push_back(buffer.ptr());  // the view holds it
+  leaves_.push_back(nullptr);
+  return true;
+}
+
+size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const {
+  size_t h = key.size();
+  for (int64_t w : key) h ^= std::hash<int64_t>()(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int device) {
+  if (!g_ready) return nullptr;
+  const Py_ssize_t n = PyTuple_GET_SIZE(values);
+  if (is_static_.empty()) {
+    is_static_.assign(size_t(n), false);
+    for (auto i : attr(recordable_, g_rec.static_)) is_static_[i.cast<size_t>()] = true;
+  }
+  // the signature: static arguments by value, operands by aval (the same aval object: the same signature)
+  key_.clear();
+  leaves_.clear();
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (is_static_[i]) {
+      if (!static_key(args[i], key_)) return nullptr;
+      continue;
+    }
+    PyObject* leaf = PyTuple_GET_ITEM(values, i);
+    if (leaf == Py_None) {
+      key_.push_back(0);
+      continue;
+    }
+    if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) {
+      if (!view_key(leaf)) return nullptr;
+      continue;
+    }
+    if (!is_value(leaf)) return nullptr;  // a list, another operand
+    key_.push_back(reinterpret_cast<intptr_t>(attr(leaf, g_rec.aval).ptr()));  // held by the signature
+    leaves_.push_back(leaf);
+  }
+  auto found = signatures_.find(key_);
+  if (found == signatures_.end()) {
+    PyObject* answer = PyObject_CallFunctionObjArgs(g_rec.call_signature, recordable_, values, nullptr);
+    if (!answer) return nullptr;  // the call's error: the kernel's Python path raises it as CPU torch would
+    py::object signature = py::reinterpret_steal<py::object>(answer);
+    if (signature.is_none()) return nullptr;
+    if (signatures_.size() > 4096) signatures_.clear();
+    Signature s;
+    s.call_id = signature[py::int_(0)];
+    s.treedef = signature[py::int_(1)];
+    s.statics = signature[py::int_(2)];
+    s.out_treedef = signature[py::int_(3)];
+    for (auto aval : signature[py::int_(4)]) s.out_avals.push_back(py::reinterpret_borrow<py::object>(aval));
+    py::list leaves = signature[py::int_(5)];
+    if (size_t(py::len(leaves)) != leaves_.size()) return nullptr;  // a pytree this recorder does not know
+    for (size_t j = 0; j < leaves_.size(); j++) {
+      py::object leaf = leaves_[j] ? py::reinterpret_borrow<py::object>(leaves_[j]) : leaves[j];
+      py::object aval = attr(leaf.ptr(), g_rec.aval);
+      s.scalar.push_back(py::len(attr(aval.ptr(), g_rec.shape)) == 0);
+      s.held.push_back(std::move(aval));
+      s.constants.push_back(leaves_[j] ? py::object() : leaf);
+    }
+    found = signatures_.emplace(key_, std::move(s)).first;
+  }
+  const Signature& s = found->second;
+
+  LockGuard lock;
+  PyObject* region = current_region();
+  py::object calls = attr(region, g_rec.calls);
+  const Py_ssize_t recorded_calls = PyList_GET_SIZE(calls.ptr());
+  if (!g_rec.single_device && recorded_calls) {
+    py::object region_device = attr(region, g_rec.device);
+    if (!region_device.is_none() && region_device.cast<int>() != device) return nullptr;  // record ends the region
+  }
+  // each operand: the slot of a pending output of this region, or an input of the region
+  std::vector<py::object> operands(leaves_.size());
+  for (size_t j = 0; j < leaves_.size(); j++) {
+    if (!leaves_[j]) leaves_[j] = s.constants[j].ptr();
+    PyObject* leaf = leaves_[j];
+    if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type)) {
+      py::object value = attr(leaf, g_rec.value);
+      if (value.is_none()) {
+        if (attr(leaf, g_rec.region).ptr() != region) return nullptr;  // another thread's: record runs it first
+        operands[j] = attr(leaf, g_rec.slot);
+        continue;
+      }
+      leaf = value.ptr();
+      operands[j] = std::move(value);
+      continue;
+    }
+    operands[j] = py::reinterpret_borrow<py::object>(leaf);
+  }
+  // nothing returns early from here on: the region takes the call
+  py::object inputs = attr(region, g_rec.inputs);
+  py::object index = attr(region, g_rec.input_index);
+  py::tuple refs(leaves_.size());
+  for (size_t j = 0; j < leaves_.size(); j++) {
+    PyObject* operand = operands[j].ptr();
+    if (PyLong_CheckExact(operand)) {  // a pending slot
+      PyTuple_SET_ITEM(refs.ptr(), j, operands[j].release().ptr());
+      continue;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(inputs.ptr());
+    // the same array twice is one input; a scalar is an input of its own (fused.record says why)
+    bool scalar = s.scalar[j] || Py_TYPE(leaves_[j]) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
+    if (!scalar) {
+      py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(operand));
+      PyObject* known = PyDict_GetItemWithError(index.ptr(), id.ptr());
+      if (known) {
+        k = PyLong_AsSsize_t(known);
+      } else {
+        if (PyErr_Occurred()) throw python_error();
+        py::object position = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(k));
+        if (PyDict_SetItem(index.ptr(), id.ptr(), position.ptr()) < 0) throw python_error();
+        if (PyList_Append(inputs.ptr(), operand) < 0) throw python_error();
+      }
+    } else if (PyList_Append(inputs.ptr(), operand) < 0) {
+      throw python_error();
+    }
+    PyTuple_SET_ITEM(refs.ptr(), j, PyLong_FromSsize_t(-1 - k));
+  }
+  py::object outputs = attr(region, g_rec.outputs);
+  const Py_ssize_t base = PyList_GET_SIZE(outputs.ptr());
+  const size_t n_out = s.out_avals.size();
+  py::list outs(n_out);
+  for (size_t j = 0; j < n_out; j++) {
+    py::object pending = new_pending(s.out_avals[j].ptr(), region, base + Py_ssize_t(j));
+    if (PyList_Append(outputs.ptr(), pending.ptr()) < 0) throw python_error();
+    PyList_SET_ITEM(outs.ptr(), j, pending.release().ptr());
+  }
+  if (!recorded_calls && PySet_Add(g_rec.open_regions, region) < 0) throw python_error();
+  py::tuple call = py::make_tuple(py::handle(recordable_), s.statics, s.treedef, refs, py::int_(n_out));
+  if (PyList_Append(calls.ptr(), call.ptr()) < 0) throw python_error();
+  py::tuple entry = py::make_tuple(s.call_id, refs);
+  py::object structure = attr(region, g_rec.structure);
+  if (PyList_Append(structure.ptr(), entry.ptr()) < 0) throw python_error();
+  if (!g_rec.single_device) set_attr(region, g_rec.device, py::int_(device).ptr());
+  recorded++;
+  py::object result = s.out_treedef.is_none() ? py::object(outs[0]) : s.out_treedef.attr("unflatten")(outs);
+  if (recorded_calls + 1 >= attr(g_rec.fused, g_rec.max_calls).cast<Py_ssize_t>()) {
+    PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, g_rec.max_ops, nullptr);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+  }
+  return result.release().ptr();
+}
+
+}  // namespace torch_pjrt
