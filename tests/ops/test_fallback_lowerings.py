@@ -31,6 +31,7 @@ CASES = {
     ("nn.functional.ctc_loss", ""): (torch.float32, torch.float64),
     ("nn.functional.grid_sample", ""): (torch.float32, torch.float64),
     ("histogram", ""): (torch.float32, torch.float64),
+    ("hash_tensor", ""): (torch.float32, torch.float64, torch.int8, torch.int64, torch.bool, torch.bfloat16),
     ("_segment_reduce", "lengths"): (torch.float32, torch.float64),
     ("_segment_reduce", "offsets"): (torch.float32, torch.float64),
     ("histogramdd", ""): (torch.float32, torch.float64),

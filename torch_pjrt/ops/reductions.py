@@ -718,6 +718,21 @@ def bincount(self, weights=None, minlength=0):
     return jnp.zeros(length, out_dtype).at[self].add(weights.astype(out_dtype))
 
 
+@lowering(aten.hash_tensor.default)
+def hash_tensor(self, dim=(), keepdim=False, mode=0):
+    """mode 0, xor_sum: the xor of every element's bits widened to 64 (floats as float64,
+    integers sign-extended to int64), as CPU; dim=[] reduces every dim."""
+    if mode != 0:
+        raise RuntimeError(f"Unknown hash_tensor mode: {mode}")
+    if jnp.issubdtype(self.dtype, jnp.complexfloating):
+        raise TypeError("xor_sum has no complex kernel")
+    wide = self.astype(jnp.float64 if is_floating(self.dtype) else INT64)
+    bits = jax.lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = wrap_dims(dim, self.ndim)
+    out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, axes)
+    return jnp.expand_dims(out, axes) if keepdim else out
+
+
 # --------------------------------------------------------------------------- unique (data-dependent)
 def _empty_index():
     return jnp.zeros((0,), INT64)
