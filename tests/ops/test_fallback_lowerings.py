@@ -130,8 +130,9 @@ def test_ctc_loss_and_its_log_probs_gradient_match_cpu(layout, zero_infinity):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("training", [False, True])
-def test_rrelu_with_noise_as_cpu_draws_it(training):
+def test_rrelu_with_noise_as_cpu_draws_it(training, inplace):
     """Eval: equal to CPU. Training: CPU's rule with pjrt's own draws (another generator): each
     element <= 0 scaled by a slope in [lower, upper] that noise records and the gradient is;
     positives and NaN keep themselves with slope 1."""
@@ -144,7 +145,10 @@ def test_rrelu_with_noise_as_cpu_draws_it(training):
         xx = x.detach().to(device).requires_grad_()
         noise = torch.empty_like(xx)
         with no_fallback():
-            y = torch.ops.aten.rrelu_with_noise(xx, noise, lower, upper, training)
+            if inplace:  # on a non-leaf copy, as F.rrelu(inplace=True) inside a model
+                y = torch.ops.aten.rrelu_with_noise_(xx * 1, noise, lower, upper, training)
+            else:
+                y = torch.ops.aten.rrelu_with_noise(xx, noise, lower, upper, training)
             y.sum().backward()
         return y.detach().cpu(), noise.cpu(), xx.grad.cpu()
 

@@ -239,6 +239,13 @@ def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, 
     return new_noise, jnp.where(drawn, self * slopes, self)
 
 
+@lowering(aten.rrelu_with_noise_.default, random=True)
+def rrelu_with_noise_(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """The in-place form writes self and noise: their new values, in schema order."""
+    new_noise, out = rrelu_with_noise(self, noise, lower, upper, training, generator)
+    return out, new_noise
+
+
 def _multinomial_refused(self, num_samples, replacement) -> bool:
     """CPU's checks of multinomial's arguments (not its data): 1-D or 2-D floating weights, at
     least one sample, no more than the categories without replacement, at most 2^24 of them."""
