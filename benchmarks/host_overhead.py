@@ -1,0 +1,140 @@
+"""Host cost of eager steps at tiny shapes: pjrt eager beside torch CPU eager, in the same run.
+
+    python benchmarks/host_overhead.py                 # markdown table, load average, fast-path counts
+    python benchmarks/host_overhead.py --rounds 11 --modes fused,op
+
+At these shapes the arithmetic is negligible, so a step's time is its host work: Python,
+autograd, the dispatcher and, for pjrt, recording and dispatching its executables. That is what
+an accelerator's eager step costs too (issue 29). torch runs on one thread
+(torch.set_num_threads(1)); rows are timed interleaved, round by round (train_eager.Runner), and
+each number is the median of --rounds samples. A ratio measured at a load average above 2 on this
+2-core machine is not a result. Workloads:
+  gpt-read-1      char GPT, 2 layers, d=32, T=8, batch 1, AdamW + clip_grad_norm_, loss read each step
+  gpt-read-10     the same, the loss read every 10 steps (one sample: 10 steps and a synchronize)
+  decode          Llama-style decode step (tools/tiny_llama.py: 4 layers, d=64, GQA, static cache
+                  written with index_copy_), the argmax token read each step
+  chain-250       250 small elementwise ops on an 8x8 tensor, then a synchronize
+  hf-llama, hf-gpt2  transformers' generate, 16 new tokens, per token (random tiny weights;
+                  skipped without transformers)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
+
+import torch  # noqa: E402
+
+import torch_pjrt  # noqa: E402
+from torch_pjrt.tools import demo_models as dm  # noqa: E402
+from torch_pjrt.tools.tiny_llama import Decoder  # noqa: E402
+from train_eager import Runner  # noqa: E402  (benchmarks/: one timing loop for every eager benchmark)
+
+HF_TOKENS = 16
+
+
+def gpt(read_every: int):
+    def make(device):
+        data, model, opt = dm.gpt_setup(device, n_layer=2, n_embd=32, n_head=2, block_size=8)
+        steps = dm.training_steps(data, model, opt, device, batch_size=1)
+        if read_every == 1:
+            return lambda: float(next(steps))
+        return lambda: next(steps)
+    return make
+
+
+def decode(device):
+    decoder = Decoder(device)
+
+    def step():
+        decoder.step()
+        return int(decoder.token[0, 0])
+    return step
+
+
+def chain(device):
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step():
+        y = x
+        for _ in range(125):
+            y = y * 1.0001 + 0.5
+        return y
+    return step
+
+
+def hf(spec: str | None):
+    def make(device):
+        from torch_pjrt.tools.bench_llm import causal_lm
+
+        model = causal_lm(spec, 64).build().to(device).eval()
+        prompt = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0)).to(device)
+
+        def step():
+            with torch.no_grad():
+                return model.generate(prompt, max_new_tokens=HF_TOKENS, min_new_tokens=HF_TOKENS, do_sample=False)
+        return step
+    return make
+
+
+# name -> (make(device) -> step, steps per sample, what a sample is divided into)
+WORKLOADS = {"gpt-read-1": (gpt(1), 1, 1), "gpt-read-10": (gpt(10), 10, 1), "decode": (decode, 1, 1),
+             "chain-250": (chain, 1, 1), "hf-llama": (hf(None), 1, HF_TOKENS), "hf-gpt2": (hf("hf:gpt2"), 1, HF_TOKENS)}
+
+
+def _hf_available() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--modes", default="fused", help="pjrt eager modes (torch_pjrt.set_eager_mode)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    modes = args.modes.split(",")
+    names = [n for n in args.workloads.split(",") if _hf_available() or not n.startswith("hf-")]
+    loads = [os.getloadavg()[0]]
+    rows = []
+    for name in names:
+        make, every, per = WORKLOADS[name]
+        runners = [Runner(make, "cpu", None, args.warmup, every)]
+        runners += [Runner(make, "pjrt", mode, args.warmup, every) for mode in modes]
+        for _ in range(args.rounds):
+            for runner in runners:
+                runner.time_one()
+        rows.append((name, per, runners))
+        loads.append(os.getloadavg()[0])
+    unit = "ms per step (hf: per token)"
+    print(f"torch {torch.__version__} on 1 thread, pjrt {torch.pjrt.get_device_name()}, medians of {args.rounds} "
+          f"interleaved rounds; load average (1 min) {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
+          + ("  ** loaded: ratios are not results **" if max(loads) > 2 else "") + "\n")
+    print(f"| workload ({unit}) | torch CPU eager | " + " | ".join(f"pjrt {m} | {m} / CPU" for m in modes) + " |")
+    print("|---|---:|" + "---:|---:|" * len(modes))
+    for name, per, (cpu, *pjrt) in rows:
+        cells = " | ".join(f"{r.median / per * 1e3:.2f} | {r.median / cpu.median:.2f}x" for r in pjrt)
+        print(f"| {name} | {cpu.median / per * 1e3:.2f} | {cells} |")
+    print("\nWhat one more step of each pjrt row runs in Python (eager_stats()['paths']):")
+    for name, _, (_, *pjrt) in rows:
+        for runner in pjrt:
+            runner.enter()
+            torch_pjrt.reset_eager_stats()
+            runner.step()
+            torch.pjrt.synchronize()
+            counts = torch_pjrt.eager_stats()["paths"]
+            fast = sum(c["fast"] for c in counts.values())
+            kernels = {n: c["python_kernel"] for n, c in counts.items() if c["python_kernel"]}
+            recorded = sum(c["python_recorder"] for c in counts.values())
+            print(f"- {name} ({runner.mode}): {fast} calls on the C++ fast path, {recorded} through the Python "
+                  f"recorder, Python kernels {kernels or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
