@@ -23,7 +23,6 @@ WARMUP = 4  # a fused region's structure compiles at its second sight; the rest 
 GPT_PYTHON_KERNELS = {
     "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
     "aten::_local_scalar_dense": "the loss read on the host (a sync point)",
-    "aten::_unsafe_view": "a metadata view with a Python kernel (view_kernels.py)",
     "aten::clone": "transfer.py's kernel (memory formats)",
     "aten::arange": "a factory: the fast path takes no device argument",
     "aten::ones_like": "a factory: the fast path takes no device argument",
@@ -34,7 +33,6 @@ GPT_PYTHON_KERNELS = {
 }
 DECODE_PYTHON_KERNELS = {
     "aten::_to_copy": "the token read back to the host",
-    "aten::_unsafe_view": "a metadata view with a Python kernel (view_kernels.py)",
     "aten::clone": "transfer.py's kernel (memory formats)",
     "aten::scalar_tensor": "a factory: the fast path takes no device argument",
     "aten::cat": "a growing storage's append (the `grows` trait)",

@@ -35,13 +35,6 @@ def view_as_complex(self: torch.Tensor) -> torch.Tensor:
     return complex_.as_strided(self.shape[:-1], tuple(s // 2 for s in self.stride()[:-1]), self.storage_offset() // 2)
 
 
-def _unsafe_view(self: torch.Tensor, size) -> torch.Tensor:
-    """An alias of self with a new shape, as on CPU (kron's out= writes through one); the op
-    only hides the aliasing from autograd, so it must not copy."""
-    geometry = self.view(size)  # the strides view gives (raises where no view exists, as on CPU)
-    return aten._reshape_alias.default(self, geometry.shape, geometry.stride())
-
-
 def as_strided_copy(self: torch.Tensor, size, stride, storage_offset=None) -> torch.Tensor:
     """CPU's: a contiguous copy of as_strided, which addresses self's storage (an offset of
     None is self's own), not self's elements as the lowering sees them."""
@@ -72,5 +65,5 @@ def as_strided_scatter(self: torch.Tensor, src: torch.Tensor, size, stride, stor
 
 def kernels() -> dict:
     return {aten.view_as_real.default: view_as_real, aten.view_as_complex.default: view_as_complex,
-            aten._unsafe_view.default: _unsafe_view, aten.as_strided_copy.default: as_strided_copy,
+            aten.as_strided_copy.default: as_strided_copy,
             aten.as_strided_scatter.default: as_strided_scatter}

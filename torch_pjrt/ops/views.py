@@ -86,7 +86,8 @@ def scatter_through_view(x, src, view_fn):
 # --------------------------------------------------------------------------- reshapes
 @lowering(aten.view.default, aten.view_copy.default, aten.reshape.default, padding=Padding("view"))
 @lowering(aten._unsafe_view.default, padding=Padding("view"),
-          eager="eager/view_kernels.py: a view of the same storage where one exists, as on the CPU")
+          eager="torch's CompositeExplicitAutograd kernel (view_impl, in C++): an alias of the same storage where "
+                "a view exists, as on the CPU (kron's out= writes through one)")
 def view(self, size):
     return jnp.reshape(self, infer_size(size, self.size))
 
