@@ -45,7 +45,11 @@ const ArrayType& array_type(const py::object& array);
 bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 
 // ---- recorder.cpp: fused eager's recorder for fast kernels' calls ----
-namespace py = pybind11;
+// An instance of a __slots__ class with `slots` (name, value) set, made without running its
+// __init__ (no bytecode runs, so no other thread runs meanwhile).
+py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*, PyObject*>> slots);
+// storage.StridedView(buffer, geometry) for an array or Pending buffer; a null object otherwise.
+py::object strided_view(PyObject* buffer, PyObject* geometry);
 void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
                           py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
                           py::object strided_view_type, py::object fused, bool single_device);

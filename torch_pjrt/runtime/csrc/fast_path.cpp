@@ -68,9 +68,11 @@ static py::object lazy_view(const at::Tensor& t, const Holder* h) {
       c10::multiply_integers(h->shape) * int64_t(c10::elementSize(h->dtype)) >= int64_t(t.storage().nbytes())) {
     py::tuple geometry = py::make_tuple(int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
                                         py::handle(dtype), py::bool_(t.is_conj()), py::bool_(t.is_neg()));
-    PyObject* view = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
-    if (!view) throw python_error();
-    return py::reinterpret_steal<py::object>(view);
+    py::object view = strided_view(h->buffer, geometry.ptr());
+    if (view) return view;
+    PyObject* padded = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
+    if (!padded) throw python_error();
+    return py::reinterpret_steal<py::object>(padded);
   }
   PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());  // creates or grows the buffer
   if (!view) throw python_error();

@@ -69,16 +69,9 @@ PyObject* current_region() {
 // A Pending(aval, region, slot) made without running its Python __init__: no bytecode runs
 // while a call is recorded.
 py::object new_pending(PyObject* aval, PyObject* region, Py_ssize_t slot) {
-  auto* type = reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
-  PyObject* p = type->tp_alloc(type, 0);
-  if (!p) throw python_error();
-  py::object pending = py::reinterpret_steal<py::object>(p);
   py::object index = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(slot));
-  set_attr(p, g_rec.aval, aval);
-  set_attr(p, g_rec.value, Py_None);
-  set_attr(p, g_rec.region, region);
-  set_attr(p, g_rec.slot, index.ptr());
-  return pending;
+  return new_slotted(g_rec.pending_type, {{g_rec.aval, aval}, {g_rec.value, Py_None}, {g_rec.region, region},
+                                          {g_rec.slot, index.ptr()}});
 }
 
 // A static argument as key words; false for one this cache does not key (fused.record then).
@@ -141,6 +134,20 @@ struct LockGuard {
 };
 
 }  // namespace
+
+py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*, PyObject*>> slots) {
+  auto* t = reinterpret_cast<PyTypeObject*>(type);
+  PyObject* o = t->tp_alloc(t, 0);
+  if (!o) throw python_error();
+  py::object instance = py::reinterpret_steal<py::object>(o);
+  for (auto [name, value] : slots) set_attr(o, name, value);
+  return instance;
+}
+
+py::object strided_view(PyObject* buffer, PyObject* geometry) {
+  if (!g_ready || !is_value(buffer)) return py::object();  // a Padded buffer: storage.view_of
+  return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, buffer}, {g_rec.geometry, geometry}});
+}
 
 void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
                           py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
