@@ -1,6 +1,7 @@
 """Eager per-op overhead: pjrt beside torch CPU and a raw jax.jit call, in one run.
 
     python benchmarks/eager_micro.py            # prints a markdown table
+    python benchmarks/eager_micro.py --breakdown   # where a fused call's host time goes (docs/eager.md)
 Each number is the best of 5 repetitions of N calls, in microseconds per call; pjrt in both
 eager modes (op by op, fused: then the loop's calls are recorded and run as regions).
 """
@@ -20,10 +21,13 @@ import torch_pjrt  # noqa: E402
 from torch_pjrt.runtime import storage  # noqa: E402
 
 
-def per_call_us(fn, n: int = 2000, reps: int = 5, sync=None) -> float:
-    """Best of `reps` loops of `n` calls (each loop ends with `sync()`, inside the timing)."""
+def per_call_us(fn, n: int = 2000, reps: int = 5, sync=None, after=None) -> float:
+    """Best of `reps` loops of `n` calls (each loop ends with `sync()`, inside the timing, then
+    `after()`, outside it)."""
     for _ in range(200):
         fn()
+    if after is not None:
+        after()
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
@@ -32,7 +36,43 @@ def per_call_us(fn, n: int = 2000, reps: int = 5, sync=None) -> float:
         if sync is not None:
             sync()
         best = min(best, (time.perf_counter() - start) / n * 1e6)
+        if after is not None:
+            after()
     return best
+
+
+def breakdown() -> None:
+    """Where a fused eager call's host time goes (docs/eager.md): a 16x16 add recorded by the C++
+    recorder, the Python recorder alone, a Python kernel's call, and a cached region's run."""
+    from torch_pjrt.eager.kernels import _REGISTERED
+    from torch_pjrt.ops.call import weak_scalar
+    from torch_pjrt.runtime import fused
+
+    torch_pjrt.set_eager_mode("fused")
+    a_cpu, b_cpu = torch.randn(16, 16), torch.randn(16, 16)
+    a, b = a_cpu.to("pjrt"), b_cpu.to("pjrt")
+    recordable, args = _REGISTERED[torch.ops.aten.add.Tensor].run, (storage.read(a), storage.read(b), weak_scalar(1))
+    sync = torch.pjrt.synchronize
+
+    def region_of_100():
+        for _ in range(100):
+            a + b
+        sync()
+
+    rows = [
+        ("torch CPU eager", per_call_us(lambda: a_cpu + b_cpu)),
+        ("pjrt fused, recorded in C++ (the steady fast path)", per_call_us(lambda: a + b, n=1000, after=sync)),
+        ("fused.record alone (the Python recorder)", per_call_us(lambda: fused.record(recordable, args), n=1000,
+                                                                  after=sync)),
+        ("a Python kernel's call: torch.cat((a, b)), recorded by fused.record",
+         per_call_us(lambda: torch.cat((a, b)), n=1000, after=sync)),
+        ("a cached region of 100 adds: record and run, per add", per_call_us(region_of_100, n=20) / 100),
+    ]
+    print("| 16x16 add, fused eager | us per call |")
+    print("|---|---:|")
+    for name, us in rows:
+        print(f"| {name} | {us:.1f} |")
+    print(f"\nload average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
 def import_seconds(autoload: bool, runs: int = 5) -> float:
@@ -43,6 +83,10 @@ def import_seconds(autoload: bool, runs: int = 5) -> float:
 
 
 def main() -> None:
+    if "--breakdown" in sys.argv:
+        torch.set_num_threads(1)
+        breakdown()
+        return
     a_cpu, b_cpu = torch.randn(16, 16), torch.randn(16, 16)
     a, b = a_cpu.to("pjrt"), b_cpu.to("pjrt")
     ja, jb = storage.read(a), storage.read(b)
