@@ -152,8 +152,8 @@ def test_muon_matches_cpu():
 
 
 def test_sparse_adam_refuses_dense_gradients_like_cpu():
-    """SparseAdam needs sparse gradients (nn.Embedding(sparse=True)); pjrt has no sparse
-    tensors, so check that dense gradients fail the same way on both devices."""
+    """SparseAdam needs sparse gradients (nn.Embedding(sparse=True), tests/test_sparse.py):
+    dense gradients fail the same way on both devices."""
     for device in ("cpu", "pjrt"):
         w = nn.Parameter(torch.randn(4, 3, device=device))
         opt = torch.optim.SparseAdam([w])

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch_pjrt
 
 FILES = ["test_storage_views.py", "test_training.py", "test_layers.py", "test_eager_growth.py", "test_errors.py",
-         "test_optim.py", "test_fused_eager.py", "test_eager_compiles.py"]
+         "test_optim.py", "test_fused_eager.py", "test_eager_compiles.py", "test_sparse.py"]
 
 
 def test_eager_files_pass_in_the_other_mode():

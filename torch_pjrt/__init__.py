@@ -46,9 +46,9 @@ def _setup() -> None:
     torch._register_device_module("pjrt", device_module)
 
     from . import ops  # noqa: F401  (registers the lowerings)
-    from .eager import fallback, kernels as eager, transfer, view_kernels
+    from .eager import fallback, kernels as eager, sparse, transfer, view_kernels
 
-    eager.register(transfer.kernels() | view_kernels.kernels())
+    eager.register(transfer.kernels() | view_kernels.kernels() | sparse.kernels())
     from .runtime import fused
 
     # the end of an optimizer step ends a fused region, so a training step is one region
@@ -63,6 +63,7 @@ def _setup() -> None:
     _fallback_library.fallback(fallback.run, "PrivateUse1")
     for key in fallback.SPARSE_KEYS:  # sparse layouts and quantized dtypes: one clear error (fallback.py)
         _fallback_library.fallback(fallback.refuse_sparse, key)
+    sparse.register()  # COO on pjrt: what sparse gradients and their optimizers need (eager/sparse.py)
     _fallback_library.fallback(fallback.refuse_quantized, fallback.QUANTIZED_KEY)
     from . import autocast
 

@@ -90,10 +90,12 @@ def run(op, *args, **kwargs):
 
 
 # Layouts and dtypes pjrt storages cannot hold. A pjrt storage is one dense JAX array, so
-# sparse layouts (COO, CSR/CSC/BSR/BSC) and torch's quantized dtypes (quint8, qint8,
-# qint32, quint4x2, quint2x4: a tensor plus a quantizer) have no pjrt form. Their dispatch
-# keys (SparsePrivateUse1, SparseCsrPrivateUse1, QuantizedPrivateUse1) get a fallback that
-# raises these errors, as does a CPU fallback whose result has such a layout or dtype.
+# torch's quantized dtypes (quint8, qint8, qint32, quint4x2, quint2x4: a tensor plus a
+# quantizer) and compressed sparse layouts (CSR/CSC/BSR/BSC) have no pjrt form; a COO tensor
+# is indices and values as two dense pjrt tensors, with kernels for the ops sparse gradients
+# need (eager/sparse.py, runtime/csrc/sparse.cpp). The dispatch keys (SparsePrivateUse1,
+# SparseCsrPrivateUse1, QuantizedPrivateUse1) get a fallback that raises these errors for
+# every other op, as does a CPU fallback whose result has such a layout or dtype.
 # NotImplementedError, the type torch raises for a kernel a backend lacks.
 SPARSE_KEYS = ("SparsePrivateUse1", "SparseCsrPrivateUse1")
 QUANTIZED_KEY = "QuantizedPrivateUse1"
@@ -102,9 +104,12 @@ QUANTIZED_KEY = "QuantizedPrivateUse1"
 def sparse_unsupported(name: str, devices=()) -> NotImplementedError:
     where = f" (devices: {', '.join(devices)})" if devices else ""
     return NotImplementedError(
-        f"pjrt: {name}: sparse tensors (torch.sparse_coo, sparse_csr, sparse_csc, sparse_bsr, sparse_bsc) are not "
-        f"supported on pjrt devices{where}. Use dense tensors on pjrt (sparse.to_dense().to('pjrt'); "
-        f"nn.Embedding and nn.EmbeddingBag with sparse=False, the default), or keep the sparse tensor on the CPU.")
+        f"pjrt: {name}: no pjrt kernel for sparse tensors{where}. On pjrt a torch.sparse_coo tensor supports "
+        f"creation, .to()/.cpu(), coalesce, to_dense, add/add_ (into dense or sparse), sparse_mask, index_select, "
+        f"sparse @ dense (mm, addmm), neg and mul by a scalar: what the sparse gradients of nn.Embedding and "
+        f"nn.EmbeddingBag(sparse=True) need with SGD, Adagrad and SparseAdam (docs/training.md, 'Sparse "
+        f"gradients'); sparse_csr, sparse_csc, sparse_bsr and sparse_bsc tensors are not supported. Use "
+        f"x.to_dense() on pjrt, or keep the sparse tensor on the CPU.")
 
 
 def quantized_unsupported(name: str, devices=(), dtype=None) -> NotImplementedError:

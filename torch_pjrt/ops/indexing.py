@@ -598,12 +598,13 @@ def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=Fal
                                   padding_idx, offsets.shape[0])
 
 
-@lowering(aten._embedding_bag_backward.default)
+@lowering(aten._embedding_bag_backward.default,
+          eager="eager/sparse.py: sparse=True builds a COO gradient with torch's composite; else this lowering")
 def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                             scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
-    if sparse:
-        raise NotImplementedError("pjrt: embedding_bag(sparse=True) needs a sparse gradient; sparse tensors "
-                                  "are not supported on pjrt devices (use sparse=False)")
+    if sparse:  # a traced graph holds dense arrays only; eager serves sparse=True (eager/sparse.py)
+        raise NotImplementedError("pjrt: embedding_bag(sparse=True) under torch.compile: its COO gradient has no "
+                                  "compiled form on pjrt; run it eagerly, or use sparse=False")
     indices = indices.reshape(-1)
     bags = _position_bags(indices, offsets, grad.shape[0])
     return _embedding_bag_dense_backward(grad, indices, bags, bag_size, maximum_indices, num_weights,

@@ -57,7 +57,7 @@ def cache_dir() -> Path:
 # The translation units (runtime.h says what each holds), compiled in parallel by ninja in
 # this order: the longest first, so it is not the one left running alone at the end.
 SOURCES = ("fast_path.cpp", "module.cpp", "recorder.cpp", "kernels.cpp", "allocator.cpp", "hooks.cpp", "profiler.cpp",
-           "guard.cpp")
+           "guard.cpp", "sparse.cpp")
 
 
 def _key() -> str:

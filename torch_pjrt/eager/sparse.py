@@ -1,0 +1,218 @@
+"""Sparse COO tensors on pjrt: the kernels of the SparsePrivateUse1 key that compute.
+
+A COO tensor on pjrt is torch's own SparseTensorImpl whose indices (sparse_dim x nnz,
+int64) and values (nnz x dense sizes) are ordinary pjrt tensors; the C++ runtime registers
+ATen's device-generic metadata kernels for it (runtime/csrc/sparse.cpp). The ops here are
+written in dense pjrt ops on indices and values, so they record and fuse like any other
+eager op. They cover what sparse gradients need (nn.Embedding / embedding_bag with
+sparse=True, and the sparse paths of SGD, Adagrad and SparseAdam: coalesce, add into dense,
+sparse_mask) plus to_dense, sparse + sparse, index_select, sparse @ dense and mul by a
+scalar. Every other op on the key raises fallback.refuse_sparse's error, which names it.
+"""
+from __future__ import annotations
+
+import torch
+
+_library = None  # registrations live as long as their Library object
+
+
+def _sparse(indices, values, size, coalesced: bool):
+    """A COO tensor over (indices, values) without checks or copies."""
+    return torch.sparse_coo_tensor(indices, values, size, check_invariants=False, is_coalesced=coalesced)
+
+
+def _linear(indices, sizes):
+    """Row-major position of each nonzero over the sparse dimensions."""
+    position = torch.zeros_like(indices[0])
+    for d, n in enumerate(sizes):
+        position = position * n + indices[d]
+    return position
+
+
+def _coalesce(self):
+    """Duplicates summed, indices sorted row-major (as CPU's coalesce)."""
+    sparse_dim, size = self.sparse_dim(), self.shape
+    indices, values = self._indices(), self._values()
+    if self._nnz() < 2 or sparse_dim == 0:
+        return _sparse(indices.clone(), values.clone(), size, True)
+    position, inverse = torch.unique(_linear(indices, size[:sparse_dim]), sorted=True, return_inverse=True)
+    summed = values.new_zeros((position.shape[0],) + tuple(values.shape[1:])).index_add_(0, inverse, values)
+    rows = []
+    for n in reversed(size[:sparse_dim]):
+        rows.append(torch.remainder(position, n))
+        position = torch.div(position, n, rounding_mode="floor")
+    return _sparse(torch.stack(rows[::-1]), summed, size, True)
+
+
+def _check_same_shape(op: str, self, other) -> None:
+    if self.shape != other.shape:
+        raise RuntimeError(f"{op}: expected 'self' and 'other' to have same size, but self has size {list(self.shape)}"
+                           f" while other has size {list(other.shape)} (FYI: dense-sparse addition does not "
+                           f"currently support broadcasting)")
+
+
+def add_out(self, other, *, alpha=1, out):
+    """add.out (add and add_ reach it through ATen's add_sparse/add_sparse_): dense + sparse
+    scatters the values into a dense result; sparse + sparse concatenates (uncoalesced)."""
+    if not other.is_sparse:
+        raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
+    _check_same_shape("add", self, other)
+    dtype = torch.result_type(self, other)
+    values = other._values().to(dtype)
+    if alpha != 1:
+        values = values * alpha
+    if not self.is_sparse:  # dense result
+        if out.is_sparse:
+            raise RuntimeError("add: expected 'out' to be a dense tensor when 'self' is dense")
+        if out is not self:
+            out.resize_(self.shape)
+            out.copy_(self)
+        if other._nnz():
+            out.index_put_(tuple(other._indices()), values.to(out.dtype), accumulate=True)
+        return out
+    if self.sparse_dim() != other.sparse_dim() or self.dense_dim() != other.dense_dim():
+        raise RuntimeError(f"add: expected both tensors to have the same sparse_dim ({self.sparse_dim()} vs "
+                           f"{other.sparse_dim()}) and dense_dim ({self.dense_dim()} vs {other.dense_dim()})")
+    if not self._nnz():
+        result = _sparse(other._indices().clone(), values, self.shape, other.is_coalesced())
+    elif not other._nnz():
+        result = _sparse(self._indices().clone(), self._values().to(dtype), self.shape, self.is_coalesced())
+    else:
+        result = _sparse(torch.cat([self._indices(), other._indices()], 1),
+                         torch.cat([self._values().to(dtype), values]), self.shape, False)
+    if out is not self:
+        out.resize_as_(result)
+    return out.copy_(result)
+
+
+def sparse_mask(self, mask):
+    """self's values at mask's indices, in mask's order (self dense)."""
+    if self.shape != mask.shape:
+        raise RuntimeError(f"sparse_mask(): operands have incompatible sizes; self has size {list(self.shape)} "
+                           f"but mask has size {list(mask.shape)}")
+    indices = mask._indices()
+    return _sparse(indices.clone(), self[tuple(indices)], mask.shape, mask.is_coalesced())
+
+
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    """beta * self + alpha * (mat1 @ mat2) with mat1 a 2-D COO matrix and mat2 dense."""
+    if not mat1.is_sparse or mat2.is_sparse or self.is_sparse:
+        raise NotImplementedError("pjrt: aten::addmm: on sparse tensors pjrt covers a sparse mat1 with dense self "
+                                  "and mat2 (sparse @ dense)")
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.sparse_dim() != 2:
+        raise RuntimeError(f"addmm: matrices expected, got {mat1.dim()}D, {mat2.dim()}D tensors")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({mat1.shape[0]}x{mat1.shape[1]} and "
+                           f"{mat2.shape[0]}x{mat2.shape[1]})")
+    rows, cols = mat1._indices()
+    product = mat2.new_zeros((mat1.shape[0], mat2.shape[1])).index_add_(
+        0, rows, mat1._values().to(mat2.dtype)[:, None] * mat2[cols])
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:  # as torch: self is ignored (its nan and inf do not propagate)
+        return product
+    return product + (self if beta == 1 else self * beta).expand_as(product)
+
+
+def index_select(self, dim, index):
+    """The slices of a COO tensor at `index` along `dim` (a sparse or a dense dimension)."""
+    dim = dim + self.dim() if dim < 0 else dim
+    if index.dim() > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    index = index.reshape(-1)
+    size = list(self.shape)
+    size[dim] = index.numel()
+    indices, values = self._indices(), self._values()
+    if dim >= self.sparse_dim():
+        return _sparse(indices.clone(), values.index_select(dim - self.sparse_dim() + 1, index), size, self.is_coalesced())
+    if index.numel() and ((index < -self.shape[dim]) | (index >= self.shape[dim])).any():
+        raise IndexError(f"index_select(): index out of range for a tensor of size {self.shape[dim]} at dimension {dim}")
+    index = torch.remainder(index, self.shape[dim])
+    match = indices[dim][None, :] == index[:, None]  # (len(index), nnz): which nonzeros each index picks
+    picked, nonzero = match.nonzero(as_tuple=True)
+    selected = indices.index_select(1, nonzero).clone()
+    selected[dim] = picked
+    return _sparse(selected, values.index_select(0, nonzero), size, False)
+
+
+def mul(self, other):
+    """A COO tensor times a scalar (a 0-dim tensor or a Python number), either side."""
+    if not (isinstance(self, torch.Tensor) and self.is_sparse):  # (a wrapped number arrives as a Python scalar)
+        self, other = other, self
+    if isinstance(other, torch.Tensor) and (other.is_sparse or other.dim() > 0):
+        raise NotImplementedError("pjrt: aten::mul: on sparse tensors pjrt covers multiplication by a scalar only")
+    values = self._values() * other
+    return _sparse(self._indices().clone(), values, self.shape, self.is_coalesced())
+
+
+def mul_out(self, other, *, out):
+    product = mul(self, other)
+    if product.dtype != out.dtype:
+        raise RuntimeError(f"result type {product.dtype} can't be cast to the desired output type {out.dtype}")
+    return out.copy_(product)
+
+
+def mul_(self, other):
+    return mul_out(self, other, out=self)
+
+
+def to_sparse(self, *, layout=None, blocksize=None, dense_dim=None):
+    """_to_sparse of a dense pjrt tensor: COO only (coalesced, as CPU builds it)."""
+    if layout not in (None, torch.sparse_coo) or blocksize is not None:
+        raise NotImplementedError(f"pjrt: aten._to_sparse: layout {layout} (compressed sparse layouts) is not "
+                                  f"supported on pjrt devices; torch.sparse_coo is")
+    return to_sparse_dim(self, self.dim() - (dense_dim or 0))
+
+
+def to_sparse_dim(self, sparse_dim):
+    """_to_sparse.sparse_dim: the nonzero slices over the first sparse_dim dimensions."""
+    if not 0 <= sparse_dim <= self.dim():
+        raise RuntimeError(f"sparse_dim argument must be in [0, {self.dim()}] but got {sparse_dim}")
+    nonzero = self != 0
+    if self.dim() > sparse_dim:
+        nonzero = nonzero.flatten(sparse_dim).any(-1)
+    indices = nonzero.nonzero().t().contiguous() if sparse_dim else self.new_zeros((0, 1), dtype=torch.int64)
+    values = self[tuple(indices)] if sparse_dim else self.unsqueeze(0).clone()
+    return _sparse(indices, values, self.shape, True)
+
+
+def kernels() -> dict:
+    """PrivateUse1 kernels that replace a lowering's (eager/kernels.register's `special`)."""
+    from ..ops.registry import LOWERINGS
+    from .kernels import Kernel
+
+    op = torch.ops.aten._embedding_bag_backward.default
+    return {op: _EmbeddingBagBackward(Kernel(LOWERINGS[op]))}
+
+
+class _EmbeddingBagBackward:
+    """sparse=False: the table's lowering; sparse=True: torch's composite
+    _embedding_bag_sparse_backward (index_select, then embedding's sparse backward), after
+    filling offset2bag where the forward's fast sum path left it empty, as CPU's kernel does."""
+
+    def __init__(self, dense):
+        self.dense = dense
+
+    def __call__(self, grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                 scale_grad_by_freq, mode, sparse, per_sample_weights=None, padding_idx=-1):
+        if not sparse:
+            return self.dense(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                              scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)
+        indices = indices.reshape(-1)
+        if indices.numel() and offset2bag.numel() == 0:
+            positions = torch.arange(indices.numel(), device=indices.device, dtype=offsets.dtype)
+            offset2bag = torch.searchsorted(offsets, positions, right=True) - 1
+        return torch.ops.aten._embedding_bag_sparse_backward(grad, indices, offsets, offset2bag, bag_size,
+                                                             num_weights, scale_grad_by_freq, mode,
+                                                             per_sample_weights, padding_idx)
+
+
+def register() -> None:
+    global _library
+    _library = torch.library.Library("aten", "IMPL")
+    for name, kernel in (("_coalesce", _coalesce), ("add.out", add_out), ("sparse_mask", sparse_mask),
+                         ("addmm", addmm), ("index_select", index_select), ("mul.Tensor", mul),
+                         ("mul_.Tensor", mul_), ("mul.out", mul_out)):
+        _library.impl(name, kernel, "SparsePrivateUse1")
+    for name, kernel in (("_to_sparse", to_sparse), ("_to_sparse.sparse_dim", to_sparse_dim)):
+        _library.impl(name, kernel, "PrivateUse1")  # a dense pjrt tensor to COO
