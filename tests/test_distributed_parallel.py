@@ -18,3 +18,8 @@ PIPELINES = ["ScheduleGPipe:1:pipeline", "Schedule1F1B:1:compiled", "ScheduleInt
 def test_pipeline_schedules_equal_full_batch_training(nprocs):
     values = expect_success(launch("pipeline", nprocs, timeout=400, args=PIPELINES))
     assert all(values[-1][spec][0] for spec in PIPELINES)  # the last stage saw every step's loss
+
+
+def test_context_parallel_sdpa_equals_unsharded_attention():
+    """Ring attention over the sequence dimension: output and q/k/v gradients, causal (load balanced) and not."""
+    expect_success(launch("context_parallel", 2, timeout=300))

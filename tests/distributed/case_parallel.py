@@ -138,3 +138,41 @@ def pipeline(*schedules: str) -> dict:
             check_equal(f"{spec} parameter {name}", value, ref_state[name], rtol=1e-5, atol=1e-6)
         result[spec] = [run["losses"], time.monotonic() - start]
     return result
+
+
+@case
+def context_parallel() -> dict:
+    """Ring attention over the sequence dimension (torch's context_parallel on a pjrt
+    DeviceMesh): outputs and q/k/v gradients equal unsharded SDPA, causal and not."""
+    init()
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options, context_parallel_unshard
+
+    n = dist.get_world_size()
+    mesh = init_device_mesh("pjrt", (n,))
+    g = torch.Generator().manual_seed(0)
+    # each rank's block of queries (half of it with causal load balancing) a multiple of 32: the
+    # efficient-attention op's logsumexp is padded to one (torch's meta kernel), as on CUDA
+    batch, heads, seq, dim = 1, 2, 64 * n, 16
+    q, k, v = (torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
+    grad = torch.randn(batch, heads, seq, dim, generator=g)
+    for is_causal in (False, True):
+        _cp_options.enable_load_balance = is_causal  # torch's round-robin sharding serves causal attention only
+        ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref_out = F.scaled_dot_product_attention(*ref, is_causal=is_causal)
+        ref_out.backward(grad)
+        cp = [t.to(pjrt()) for t in (q, k, v)]
+        cp_grad = grad.to(pjrt())
+        with context_parallel(mesh, buffers=[*cp, cp_grad], buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers=set(cp)):
+            for t in cp:
+                t.requires_grad_(True)
+            out = F.scaled_dot_product_attention(*cp, is_causal=is_causal)
+            out.backward(cp_grad)
+        full = context_parallel_unshard(mesh, [out.detach(), *(t.grad for t in cp)], [2, 2, 2, 2])
+        what = f"context parallel SDPA (causal={is_causal})"
+        check_equal(f"{what} output", full[0], ref_out.detach(), rtol=1e-5, atol=1e-5)
+        for name, actual, t in zip("qkv", full[1:], ref):
+            check_equal(f"{what} gradient of {name}", actual, t.grad, rtol=1e-4, atol=1e-5)
+    return {}

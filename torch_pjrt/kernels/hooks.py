@@ -31,7 +31,9 @@ def _jax_dtype(dtype):
 
 
 OPS = (aten._grouped_mm.default, aten._scaled_dot_product_fused_attention_overrideable.default,
-       aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+       aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+       aten._scaled_dot_product_efficient_attention.default,
+       aten._scaled_dot_product_efficient_attention_backward.default)
 
 
 def install() -> None:

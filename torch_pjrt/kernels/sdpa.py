@@ -24,6 +24,7 @@ prefill of 8x512 took 15.7 s with the kernel against 4.0 s with the math path (t
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ from . import platforms
 aten = torch.ops.aten
 
 MATH = int(torch.nn.attention.SDPBackend.MATH)
+EFFICIENT = int(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION)
 OVERRIDEABLE = int(torch.nn.attention.SDPBackend.OVERRIDEABLE)
 ERROR = int(torch.nn.attention.SDPBackend.ERROR)
 FLASH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,10 +92,25 @@ def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
         query.shape[-1] == key.shape[-1] and key.shape[-2] == value.shape[-2] and query.shape[:-3] == key.shape[:-3] \
         and query.dtype == key.dtype == value.dtype and query.is_floating_point() and \
         (attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype))
+    if heads_ok and shapes_ok and dropout_p == 0.0 and torch._C._get_mem_efficient_sdp_enabled() and (
+            _ring_attention_active() or not _overrideable_enabled()):
+        return EFFICIENT
     if heads_ok and shapes_ok and dropout_p == 0.0 and _overrideable_enabled():
         return OVERRIDEABLE
     # mismatched heads without enable_gqa: the math path raises torch's own error
     return MATH if torch._C._get_math_sdp_enabled() else ERROR
+
+
+def _ring_attention_active() -> bool:
+    """Whether torch's context_parallel() is on: it routes DTensors' flash, efficient and cuDNN
+    attention ops to ring attention (DTensor's custom op handlers) and knows no overrideable
+    op, so while it is on SDPA takes the efficient-attention op (as sdpa_kernel(EFFICIENT_ATTENTION)
+    asks), whose lowering below accepts another block's output and logsumexp in its backward."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return aten._scaled_dot_product_efficient_attention.default in DTensor._op_dispatcher._custom_op_handlers
 
 
 # ------------------------------------------------------------------------------ lowerings
@@ -189,6 +206,71 @@ def _scaled_dot_product_fused_attention_overrideable_backward(
     _, pullback = jax.vjp(lambda q, k, v: _attention(q, k, v, attn_bias, is_causal, scale)[0], query, key, value)
     dq, dk, dv = pullback(grad_out.astype(query.dtype))
     return dq, dk, dv, None
+
+
+def _padded_logsumexp(lse, rows: int):
+    """The efficient-attention op's logsumexp: float32, its query axis padded with zeros to `rows`
+    (a multiple of 32 on CUDA, as torch's meta kernel says; 0 without compute_log_sumexp)."""
+    lse = lse.astype(jnp.float32)
+    return jnp.pad(lse, [(0, 0)] * (lse.ndim - 1) + [(0, rows - lse.shape[-1])])[..., :rows]
+
+
+@lowering(aten._scaled_dot_product_efficient_attention.default,
+          not_paddable="no padding rule yet: attention over padded keys would need their mask")
+def _scaled_dot_product_efficient_attention(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                                            is_causal=False, *, scale=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError("pjrt: _scaled_dot_product_efficient_attention with dropout is not lowered "
+                                  "(SDPA takes its math path for dropout)")
+    out, lse = _attention(query, key, value, attn_bias, is_causal, scale)
+    rows = -(-query.shape[-2] // 32) * 32 if compute_log_sumexp else 0
+    seed = jnp.zeros((), jnp.int64)
+    return out, _padded_logsumexp(lse, rows), seed, seed
+
+
+@lowering(aten._scaled_dot_product_efficient_attention_backward.default,
+          not_paddable="no padding rule yet: attention over padded keys would need their mask")
+def _scaled_dot_product_efficient_attention_backward(grad_out, query, key, value, attn_bias, out, logsumexp,
+                                                     philox_seed, philox_offset, dropout_p, grad_input_mask,
+                                                     is_causal=False, *, scale=None):
+    """Flash attention's backward from the given output and logsumexp, not recomputed ones: ring
+    attention (context parallel) passes the whole sequence's output and logsumexp with one block of
+    keys, and the block's gradients are its share of the whole one."""
+    wide = jnp.promote_types(query.dtype, jnp.float32)
+    q, k, v, o, do = (t.astype(wide) for t in (query, key, value, out, grad_out))
+    groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
+    if groups > 1:  # GQA: key/value heads repeated forward, their gradients summed back
+        k, v = jnp.repeat(k, groups, axis=-3), jnp.repeat(v, groups, axis=-3)
+    scale = 1.0 / jnp.sqrt(jnp.asarray(q.shape[-1], wide)) if scale is None else jnp.asarray(scale, wide)
+    precision = matmul_precision()
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=precision) * scale
+    allowed = jnp.tril(jnp.ones(scores.shape[-2:], bool)) if is_causal else None
+    if attn_bias is not None and attn_bias.dtype == jnp.bool_:
+        allowed = attn_bias if allowed is None else attn_bias & allowed
+    elif attn_bias is not None:
+        scores = scores + attn_bias.astype(wide)
+    lse = logsumexp[..., :q.shape[-2], None].astype(wide)
+    probs = jnp.where(jnp.isneginf(lse), 0, jnp.exp(scores - lse))  # a fully masked query row: no weights
+    if allowed is not None:
+        probs = jnp.where(allowed, probs, 0)
+    grad_v = jnp.matmul(jnp.swapaxes(probs, -1, -2), do, precision=precision)
+    grad_probs = jnp.matmul(do, jnp.swapaxes(v, -1, -2), precision=precision)
+    grad_scores = probs * (grad_probs - jnp.sum(do * o, axis=-1, keepdims=True))
+    grad_q = jnp.matmul(grad_scores, k, precision=precision) * scale
+    grad_k = jnp.matmul(jnp.swapaxes(grad_scores, -1, -2), q, precision=precision) * scale
+    if groups > 1:
+        shape = grad_k.shape[:-3] + (grad_k.shape[-3] // groups, groups) + grad_k.shape[-2:]
+        grad_k, grad_v = grad_k.reshape(shape).sum(-3), grad_v.reshape(shape).sum(-3)
+    wants_bias = attn_bias is not None and attn_bias.dtype != jnp.bool_ and bool(grad_input_mask[3])
+    grad_bias = _sum_to(grad_scores, attn_bias.shape).astype(attn_bias.dtype) if wants_bias else None
+    return grad_q.astype(query.dtype), grad_k.astype(key.dtype), grad_v.astype(value.dtype), grad_bias
+
+
+def _sum_to(x, shape):
+    """`x` summed over the axes a broadcast of `shape` to x.shape expanded."""
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and x.shape[lead + i] != 1)
+    return x.sum(axis=axes, keepdims=True).reshape(shape) if axes else x
 
 
 # ------------------------------------------------------------------------------ the C++ stub
