@@ -86,6 +86,12 @@ def test_add_into_dense_and_sparse():
     same(dp, d)
     with pytest.raises(RuntimeError, match="add.*same size"):
         torch.zeros(2, 3, dtype=torch.float64, device="pjrt").add_(p)
+    with pytest.raises(RuntimeError, match="Can't convert result type Double to output Long in add operation"):
+        torch.zeros(3, 3, dtype=torch.int64).add_(s)  # CPU's error, then pjrt's
+    with pytest.raises(RuntimeError, match="Can't convert result type Double to output Long in add operation"):
+        torch.zeros(3, 3, dtype=torch.int64, device="pjrt").add_(p)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        dp.add_(s)  # a CPU sparse tensor into a pjrt tensor, as CUDA refuses it
 
 
 def test_sparse_mask_index_select_and_mm():

@@ -51,13 +51,30 @@ def _check_same_shape(op: str, self, other) -> None:
                            f"currently support broadcasting)")
 
 
+def _check_same_device(*tensors) -> None:
+    """As CUDA: a CPU tensor mixed with pjrt ones raises (the dispatcher picks the pjrt kernel)."""
+    devices = list(dict.fromkeys(str(t.device) for t in tensors))
+    if len(devices) > 1:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{devices[0]} and {devices[1]}!")
+
+
+def _name(dtype) -> str:
+    """torch.float32 -> Float, as ATen's messages name a dtype."""
+    return {torch.float32: "Float", torch.float64: "Double", torch.int64: "Long", torch.int32: "Int",
+            torch.bool: "Bool"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
 def add_out(self, other, *, alpha=1, out):
     """add.out (add and add_ reach it through ATen's add_sparse/add_sparse_): dense + sparse
     scatters the values into a dense result; sparse + sparse concatenates (uncoalesced)."""
     if not other.is_sparse:
         raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
+    _check_same_device(self, other, out)
     _check_same_shape("add", self, other)
     dtype = torch.result_type(self, other)
+    if not torch.can_cast(dtype, out.dtype):
+        raise RuntimeError(f"Can't convert result type {_name(dtype)} to output {_name(out.dtype)} in add operation")
     values = other._values().to(dtype)
     if alpha != 1:
         values = values * alpha
@@ -87,6 +104,7 @@ def add_out(self, other, *, alpha=1, out):
 
 def sparse_mask(self, mask):
     """self's values at mask's indices, in mask's order (self dense)."""
+    _check_same_device(self, mask)
     if self.shape != mask.shape:
         raise RuntimeError(f"sparse_mask(): operands have incompatible sizes; self has size {list(self.shape)} "
                            f"but mask has size {list(mask.shape)}")
@@ -99,6 +117,7 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if not mat1.is_sparse or mat2.is_sparse or self.is_sparse:
         raise NotImplementedError("pjrt: aten::addmm: on sparse tensors pjrt covers a sparse mat1 with dense self "
                                   "and mat2 (sparse @ dense)")
+    _check_same_device(self, mat1, mat2)
     if mat1.dim() != 2 or mat2.dim() != 2 or mat1.sparse_dim() != 2:
         raise RuntimeError(f"addmm: matrices expected, got {mat1.dim()}D, {mat2.dim()}D tensors")
     if mat1.shape[1] != mat2.shape[0]:
