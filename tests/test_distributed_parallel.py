@@ -23,3 +23,14 @@ def test_pipeline_schedules_equal_full_batch_training(nprocs):
 def test_context_parallel_sdpa_equals_unsharded_attention():
     """Ring attention over the sequence dimension: output and q/k/v gradients, causal (load balanced) and not."""
     expect_success(launch("context_parallel", 2, timeout=300))
+
+
+@pytest.mark.slow  # 4 processes on a 2-D mesh: about 4 minutes on 2 cores (docs/distributed.md)
+def test_fsdp2_x_tp_equals_full_batch_training_and_its_checkpoint_loads_on_another_mesh(tmp_path):
+    expect_success(launch("fsdp_tp", 4, timeout=600, args=[str(tmp_path)]))
+    expect_success(launch("fsdp_load", 2, timeout=300, args=[str(tmp_path)]))
+
+
+@pytest.mark.slow  # 4 processes: about a minute on 2 cores
+def test_fsdp2_x_pp_equals_full_batch_training():
+    expect_success(launch("fsdp_pp", 4, timeout=400))

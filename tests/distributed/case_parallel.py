@@ -61,11 +61,20 @@ def _stage_module(full: Stack, first: int, count: int) -> nn.Module:
     return stage
 
 
-def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str) -> dict:
-    """Train a pipelined Stack (2 layers per stage) on this group; returns losses (last stage) and parameters."""
+def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str, mesh=None) -> dict:
+    """Train a pipelined Stack (2 layers per stage) on the default group, or on `mesh`'s "pp"
+    dimension with each stage's module under FSDP2 over its "dp" dimension (each dp rank
+    training its rows of the batch). Returns the losses (last stage: the mean over the
+    microbatches and dp ranks) and the full parameters, named as in the whole model."""
     from torch.distributed import pipelining
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    group = mesh["pp"].get_group() if mesh is not None else dist.group.WORLD
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rows = slice(None)
+    if mesh is not None:
+        per = PP_BATCH // mesh["dp"].size()
+        rows = slice(mesh["dp"].get_local_rank() * per, (mesh["dp"].get_local_rank() + 1) * per)
+    microbatches = PP_MICROBATCHES if mesh is None else PP_MICROBATCHES // mesh["dp"].size()
     n_stages = world * stages_per_rank
     per_stage = 2
     torch.manual_seed(0)
@@ -74,40 +83,55 @@ def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str) -> dict:
     if frontend == "pipeline":
         x0 = torch.zeros(PP_BATCH // PP_MICROBATCHES, PP_WIDTH, device=pjrt())
         pipe = pipelining.pipeline(full, mb_args=(x0,))
-        stages = [pipe.build_stage(s, pjrt()) for s in mine]
+        stages = [pipe.build_stage(s, pjrt(), group) for s in mine]
         modules = [pipe.get_stage_module(s) for s in mine]
     else:  # manual split; "compiled": each stage's module under torch.compile(backend="pjrt")
         modules = [_stage_module(full, s * per_stage, per_stage) for s in mine]
+        if mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            modules = [fully_shard(m, mesh=mesh["dp"]) for m in modules]
         run = [torch.compile(m, backend="pjrt") if frontend == "compiled" else m for m in modules]
-        stages = [pipelining.PipelineStage(m, s, n_stages, pjrt()) for m, s in zip(run, mine)]
+        stages = [pipelining.PipelineStage(m, s, n_stages, pjrt(), group=group) for m, s in zip(run, mine)]
     params = [p for m in modules for p in m.parameters()]
     opt = torch.optim.SGD(params, lr=0.1)
     schedule_class = getattr(pipelining, schedule_name)
     loss_fn = nn.functional.mse_loss
-    if stages_per_rank == 1:
-        schedule = schedule_class(stages[0], PP_MICROBATCHES, loss_fn=loss_fn)
-    else:
-        schedule = schedule_class(stages, PP_MICROBATCHES, loss_fn=loss_fn)
+    schedule = schedule_class(stages[0] if stages_per_rank == 1 else stages, microbatches, loss_fn=loss_fn)
     last = (n_stages - 1) in mine
     losses = []
     for x, y in _pp_data():
+        x, y = x[rows].to(pjrt()), y[rows].to(pjrt())
         opt.zero_grad()
         microbatch_losses = []
         if rank == 0:
-            schedule.step(x.to(pjrt()), target=y.to(pjrt()) if last else None, losses=microbatch_losses)
+            schedule.step(x, target=y if last else None, losses=microbatch_losses)
         elif last:
-            schedule.step(target=y.to(pjrt()), losses=microbatch_losses)
+            schedule.step(target=y, losses=microbatch_losses)
         else:
             schedule.step()
         opt.step()
         if last:
-            losses.append(float(torch.stack(microbatch_losses).mean()))
+            losses.append(torch.stack(microbatch_losses).mean())
+    if losses and mesh is not None:
+        losses = torch.stack(losses)
+        dist.all_reduce(losses, op=dist.ReduceOp.AVG, group=mesh["dp"].get_group())
     state = {}
     for s, m in zip(mine, modules):
         for name, value in m.state_dict().items():
             index, rest = _layer_index(name, frontend)
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
             state[f"layers.{s * per_stage + index}.{rest}"] = value.detach().cpu()
-    return {"losses": losses, "state": state}
+    return {"losses": [float(v) for v in losses], "state": state}
+
+
+def _pp_check(spec: str, run: dict, layers: int) -> None:
+    """Losses (where this rank has the last stage) and parameters against one process training the whole model."""
+    ref_losses, ref_state = _pp_reference(layers)
+    if run["losses"]:
+        check_equal(f"{spec} losses", torch.tensor(run["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    for name, value in run["state"].items():
+        check_equal(f"{spec} parameter {name}", value, ref_state[name], rtol=1e-5, atol=1e-6)
 
 
 def _layer_index(name: str, frontend: str) -> tuple[int, str]:
@@ -131,11 +155,7 @@ def pipeline(*schedules: str) -> dict:
         schedule_name, stages_per_rank, frontend = spec.split(":")
         stages_per_rank = int(stages_per_rank)
         run = _pp_train(schedule_name, stages_per_rank, frontend)
-        ref_losses, ref_state = _pp_reference(dist.get_world_size() * stages_per_rank * 2)
-        if run["losses"]:
-            check_equal(f"{spec} losses", torch.tensor(run["losses"]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
-        for name, value in run["state"].items():
-            check_equal(f"{spec} parameter {name}", value, ref_state[name], rtol=1e-5, atol=1e-6)
+        _pp_check(spec, run, dist.get_world_size() * stages_per_rank * 2)
         result[spec] = [run["losses"], time.monotonic() - start]
     return result
 
@@ -176,3 +196,154 @@ def context_parallel() -> dict:
         for name, actual, t in zip("qkv", full[1:], ref):
             check_equal(f"{what} gradient of {name}", actual, t.grad, rtol=1e-4, atol=1e-5)
     return {}
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-style decoder block for training: RMSNorm, causal attention, SwiGLU MLP. Heads
+    are read from the projections' widths, so a tensor-parallel shard runs its own heads."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (p(h).view(B, T, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
+        h = self.mlp_norm(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, hidden: int = 64, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+LLAMA_STEPS, LLAMA_BATCH, LLAMA_SEQ = 3, 8, 16
+
+
+def _llama_batches():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(64, (LLAMA_BATCH, LLAMA_SEQ + 1), generator=g) for _ in range(LLAMA_STEPS)]
+
+
+def _llama_train(model, rows: slice) -> list[float]:
+    """AdamW steps on `rows` of each batch; returns the losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    losses = []
+    for batch in _llama_batches():
+        batch = batch[rows].to(pjrt())
+        loss = model(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def _llama_tensor_parallel(model, tp_mesh):
+    """torchtitan's plan: attention and MLP inputs column-wise, their outputs row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                                            "o": RowwiseParallel(), "gate": ColwiseParallel(),
+                                            "up": ColwiseParallel(), "down": RowwiseParallel()})
+
+
+@case
+def fsdp_tp(directory: str) -> dict:
+    """FSDP2 over "dp" x tensor parallelism over "tp" on a 2-D pjrt DeviceMesh: losses and
+    final parameters equal one process training the full model on the full batch. Then the
+    2-D sharded model is saved as a distributed checkpoint in `directory` (with the
+    reference's parameters beside it, for fsdp_load)."""
+    init()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.distributed.case_training import _full_state
+
+    tp = 2
+    dp = dist.get_world_size() // tp
+    mesh = init_device_mesh("pjrt", (dp, tp), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    reference = Llama().to(pjrt())
+    model = copy.deepcopy(reference)
+    ref_losses = [float(v) for v in _llama_train(reference, slice(None))]
+
+    _llama_tensor_parallel(model, mesh["tp"])
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    per = LLAMA_BATCH // dp
+    dp_rank = mesh["dp"].get_local_rank()
+    losses = torch.stack(_llama_train(model, slice(dp_rank * per, (dp_rank + 1) * per)))
+    dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # the dp shards' mean loss (tp ranks hold the same)
+    check_equal("FSDP2 x TP losses", losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
+    expected = {k: v.detach().cpu() for k, v in reference.state_dict().items()}
+    for name, value in _full_state(model).items():
+        # AdamW divides by the gradient's running magnitude: an element whose gradient is near
+        # zero moves by ~lr whatever its rounding, so a reduction order shows at 1e-5 there
+        check_equal(f"FSDP2 x TP parameter {name}", value, expected[name], rtol=1e-4, atol=1e-4)
+    dcp.save(model.state_dict(), checkpoint_id=directory)
+    if dist.get_rank() == 0:
+        torch.save(expected, f"{directory}/expected.pt")
+    return {"losses": losses.tolist()}
+
+
+@case
+def fsdp_load(directory: str) -> dict:
+    """The FSDP2 x TP checkpoint (2-D mesh, 4 ranks) loaded into the same Llama under FSDP2
+    alone on a 1-D mesh of this job's ranks: its full parameters equal the saved ones."""
+    init()
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tests.distributed.case_training import _full_state
+
+    torch.manual_seed(1)  # other values than the saved ones
+    model = Llama().to(pjrt())
+    mesh = init_device_mesh("pjrt", (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=directory)
+    model.load_state_dict(state)
+    expected = torch.load(f"{directory}/expected.pt")
+    for name, value in _full_state(model).items():
+        check_equal(f"loaded parameter {name}", value, expected[name], rtol=1e-4, atol=1e-4)
+    return {}
+
+
+@case
+def fsdp_pp() -> dict:
+    """FSDP2 over "dp" x pipeline stages over "pp" (1F1B) on a 2-D pjrt DeviceMesh: losses and
+    parameters equal one process training the whole model on the full batch."""
+    init()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    pp = 2
+    mesh = init_device_mesh("pjrt", (pp, dist.get_world_size() // pp), mesh_dim_names=("pp", "dp"))
+    run = _pp_train("Schedule1F1B", 1, "manual", mesh)
+    _pp_check("FSDP2 x PP (1F1B)", run, pp * 2)
+    return {"losses": run["losses"]}
