@@ -136,16 +136,36 @@ def _attention(query, key, value, attn_bias, is_causal, scale):
     valid = key.valid() if isinstance(key, PaddedOperand) else None
     key = key.array if isinstance(key, PaddedOperand) else key
     value = value.array if isinstance(value, PaddedOperand) else value
-    if query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-        repeat = query.shape[-3] // key.shape[-3]
-        key, value = jnp.repeat(key, repeat, axis=-3), jnp.repeat(value, repeat, axis=-3)
+    key, value = _repeat_heads(query, key, value)
+    wide = jnp.promote_types(query.dtype, jnp.float32)
+    precision = matmul_precision()
+    scores, _ = _scores(query, key, attn_bias, is_causal, scale, valid)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    top = jax.lax.stop_gradient(jnp.where(jnp.isneginf(top), 0, top))  # a fully masked row: every term 0
+    terms = jnp.exp(scores - top)
+    total = terms.sum(axis=-1, keepdims=True)
+    weights = terms / jnp.where(total == 0, 1, total)
+    lse = (jnp.log(total) + top)[..., 0]
+    out = jnp.matmul(weights, value.astype(wide), precision=precision)
+    return out.astype(query.dtype), lse
+
+
+def _repeat_heads(query, key, value):
+    """GQA: key and value heads repeated to the query's, as torch's enable_gqa does."""
+    if query.ndim < 3 or key.shape[-3] == query.shape[-3]:
+        return key, value
+    repeat = query.shape[-3] // key.shape[-3]
+    return jnp.repeat(key, repeat, axis=-3), jnp.repeat(value, repeat, axis=-3)
+
+
+def _scores(query, key, attn_bias, is_causal, scale, valid=None):
+    """(q k^T * scale + a float bias, -inf where causality, a bool mask or `valid` (a padded
+    key's length) forbids; the scale), in float32 or wider."""
     wide = jnp.promote_types(query.dtype, jnp.float32)
     scale = 1.0 / jnp.sqrt(jnp.asarray(query.shape[-1], wide)) if scale is None else jnp.asarray(scale, wide)
-    precision = matmul_precision()
-    scores = jnp.matmul(query.astype(wide), jnp.swapaxes(key.astype(wide), -1, -2), precision=precision) * scale
-    allowed = None
-    if valid is not None:
-        allowed = valid
+    scores = jnp.matmul(query.astype(wide), jnp.swapaxes(key.astype(wide), -1, -2),
+                        precision=matmul_precision()) * scale
+    allowed = valid
     if is_causal:
         causal = jnp.tril(jnp.ones(scores.shape[-2:], bool))
         allowed = causal if allowed is None else causal & allowed
@@ -156,14 +176,7 @@ def _attention(query, key, value, attn_bias, is_causal, scale):
             scores = scores + attn_bias.astype(wide)
     if allowed is not None:
         scores = jnp.where(allowed, scores, -jnp.inf)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    top = jax.lax.stop_gradient(jnp.where(jnp.isneginf(top), 0, top))  # a fully masked row: every term 0
-    terms = jnp.exp(scores - top)
-    total = terms.sum(axis=-1, keepdims=True)
-    weights = terms / jnp.where(total == 0, 1, total)
-    lse = (jnp.log(total) + top)[..., 0]
-    out = jnp.matmul(weights, value.astype(wide), precision=precision)
-    return out.astype(query.dtype), lse
+    return scores, scale
 
 
 def _length(key):
@@ -237,22 +250,13 @@ def _scaled_dot_product_efficient_attention_backward(grad_out, query, key, value
     attention (context parallel) passes the whole sequence's output and logsumexp with one block of
     keys, and the block's gradients are its share of the whole one."""
     wide = jnp.promote_types(query.dtype, jnp.float32)
-    q, k, v, o, do = (t.astype(wide) for t in (query, key, value, out, grad_out))
-    groups = q.shape[-3] // k.shape[-3] if q.ndim >= 3 else 1
-    if groups > 1:  # GQA: key/value heads repeated forward, their gradients summed back
-        k, v = jnp.repeat(k, groups, axis=-3), jnp.repeat(v, groups, axis=-3)
-    scale = 1.0 / jnp.sqrt(jnp.asarray(q.shape[-1], wide)) if scale is None else jnp.asarray(scale, wide)
+    k, v = _repeat_heads(query, key.astype(wide), value.astype(wide))
+    q, o, do = (t.astype(wide) for t in (query, out, grad_out))
+    groups = k.shape[-3] // key.shape[-3] if q.ndim >= 3 else 1
+    scores, scale = _scores(q, k, attn_bias, is_causal, scale)
     precision = matmul_precision()
-    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=precision) * scale
-    allowed = jnp.tril(jnp.ones(scores.shape[-2:], bool)) if is_causal else None
-    if attn_bias is not None and attn_bias.dtype == jnp.bool_:
-        allowed = attn_bias if allowed is None else attn_bias & allowed
-    elif attn_bias is not None:
-        scores = scores + attn_bias.astype(wide)
     lse = logsumexp[..., :q.shape[-2], None].astype(wide)
     probs = jnp.where(jnp.isneginf(lse), 0, jnp.exp(scores - lse))  # a fully masked query row: no weights
-    if allowed is not None:
-        probs = jnp.where(allowed, probs, 0)
     grad_v = jnp.matmul(jnp.swapaxes(probs, -1, -2), do, precision=precision)
     grad_probs = jnp.matmul(do, jnp.swapaxes(v, -1, -2), precision=precision)
     grad_scores = probs * (grad_probs - jnp.sum(do * o, axis=-1, keepdims=True))
