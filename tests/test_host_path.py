@@ -23,7 +23,6 @@ WARMUP = 4  # a fused region's structure compiles at its second sight; the rest 
 GPT_PYTHON_KERNELS = {
     "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
     "aten::_local_scalar_dense": "the loss read on the host (a sync point)",
-    "aten::clone": "transfer.py's kernel (memory formats)",
     "aten::arange": "a factory: the fast path takes no device argument",
     "aten::ones_like": "a factory: the fast path takes no device argument",
     "aten::cat": "a growing storage's append (the `grows` trait)",
@@ -33,7 +32,6 @@ GPT_PYTHON_KERNELS = {
 }
 DECODE_PYTHON_KERNELS = {
     "aten::_to_copy": "the token read back to the host",
-    "aten::clone": "transfer.py's kernel (memory formats)",
     "aten::scalar_tensor": "a factory: the fast path takes no device argument",
     "aten::cat": "a growing storage's append (the `grows` trait)",
     "aten::embedding": "index checks queued for the next sync (index probes)",
@@ -107,14 +105,12 @@ GPT_PYTHON_RECORDED = {
                                "thread: fused.record runs that region first",
     **{op: _PYTHON_KERNEL for op in ("aten::arange", "aten::ones_like", "aten::cat", "aten::embedding")},
     "index check": "the embedding's queued bounds check (index_checks.py)",
-    "read view": "views read by Python kernels (storage.read_lazily)",
 }
 DECODE_PYTHON_RECORDED = {
     **{op: _PYTHON_KERNEL for op in ("aten::scalar_tensor", "aten::cat", "aten::embedding", "aten::index_select",
                                      "aten::_scaled_dot_product_fused_attention_overrideable")},
     "aten::index_copy": "index_copy_'s Python kernel records its functional op",
     "index check": "queued bounds checks of embedding, index_select and index_copy_ (index_checks.py)",
-    "read view": "views read by Python kernels (storage.read_lazily)",
 }
 
 

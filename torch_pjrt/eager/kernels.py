@@ -532,7 +532,9 @@ def _install(op, kernel) -> None:
     elif isinstance(kernel, InplaceKernel):
         kinds, store = kernel.functional.call.fast_plan(), functools.partial(_store, op, resize=False)
     namespace = op._schema.name.split("::")[0]
-    if kinds is not None and not FAST_PATH_DISABLED:
+    if op is aten.clone.default and not FAST_PATH_DISABLED:  # transfer.clone behind a C++ kernel (CloneKernel)
+        _rt.register_clone_kernel(storage._read_view.fn, storage._read_view, kernel)
+    elif kinds is not None and not FAST_PATH_DISABLED:
         functional = kernel if store is None else kernel.functional
         _rt.register_fast_kernel(namespace, _name(op), functional.executable, functional.run, kernel, store, kinds)
     else:

@@ -98,9 +98,11 @@ def _converter(dtype):
     return Recordable(jax.jit(lambda v: astype(v, dtype)), name="_to_copy")
 
 
-def clone(self: torch.Tensor, *, memory_format=None) -> torch.Tensor:
+def clone(self: torch.Tensor, memory_format=None) -> torch.Tensor:
     """Buffers are immutable, so a clone shares its source's buffer until one is written;
-    it keeps a dense layout (channels_last) unless memory_format says otherwise, as torch does."""
+    it keeps a dense layout (channels_last) unless memory_format says otherwise, as torch does.
+    (The C++ kernel serves a row-major copy itself: fast_path.cpp's CloneKernel; this is its
+    Python path, called with positional arguments.)"""
     buf = storage.whole_buffer(self)
     if buf is not None and memory_format in (None, torch.preserve_format, torch.contiguous_format):
         return storage.wrap(buf, self.get_device())

@@ -96,6 +96,9 @@ bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
                           py::object slow, py::object store, std::vector<int> kinds);
+// aten::clone's C++ kernel (CloneKernel): `read_view` (its fused.Recordable `recorded_read_view`)
+// reads a view; `slow` (transfer.clone) serves the other calls.
+void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
 // calls recorded in C++).
 py::dict fast_path_counts();

@@ -214,7 +214,7 @@ class FastKernel : public c10::OperatorKernel {
     push_results(op, stack, result, c10::DeviceIndex(device));
   }
 
- private:
+ protected:
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
   // `written`: self of an in-place op.
   py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
@@ -366,6 +366,54 @@ class FastKernel : public c10::OperatorKernel {
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
 };
 
+// aten::clone of a pjrt tensor whose copy is row-major (contiguous_format, or preserve_format of
+// a contiguous tensor): its storage's buffer when the tensor is exactly that buffer (buffers are
+// immutable, so the copy shares it until one of them is written), else its view read by
+// storage's read-view executable (`run`; `recorded` in fused mode). Other layouts, and any call
+// this kernel cannot serve, go to transfer.clone.
+class CloneKernel : public FastKernel {
+ public:
+  using FastKernel::FastKernel;
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    auto args = torch::jit::last(*stack, 2);
+    const at::Tensor& self = args[0].toTensor();
+    auto format = args[1].toOptional<c10::MemoryFormat>();
+    bool row_major = format ? *format == c10::MemoryFormat::Contiguous ||
+                                  (*format == c10::MemoryFormat::Preserve && self.is_contiguous())
+                            : self.is_contiguous();
+    py::gil_scoped_acquire gil;
+    Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
+    if (!row_major || !h) return slow(op, stack, 2);
+    settle(h);
+    if (!h->buffer) return slow(op, stack, 2);
+    py::object value;
+    if (is_whole_buffer(self, h)) {
+      if (!is_pending(h->buffer) && Py_TYPE(h->buffer) != reinterpret_cast<PyTypeObject*>(g_eager.array_type))
+        return slow(op, stack, 2);  // a growing storage's Padded buffer: storage.wrap keeps it padded
+      value = py::reinterpret_borrow<py::object>(h->buffer);
+    } else {
+      py::tuple operand = py::make_tuple(lazy_view(self, h));
+      PyObject* out = nullptr;
+      if (g_fused && !at::globalContext().deterministicAlgorithms()) {
+        out = recorder_.record(args.data(), operand.ptr(), self.device().index());
+        if (!out && !PyErr_Occurred()) out = PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, operand.ptr(), nullptr);
+      } else {
+        out = PyObject_Call(run_, operand.ptr(), nullptr);
+      }
+      if (!out) {
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+        PyErr_Clear();
+        return slow(op, stack, 2);
+      }
+      value = py::reinterpret_steal<py::object>(out);
+    }
+    fast_calls_++;
+    torch::jit::drop(*stack, 2);
+    torch::jit::push(*stack, wrap_result(op, value.ptr(), self.device().index()));
+  }
+};
+
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 static std::vector<FastKernel*> g_fast_kernels;  // owned by their libraries' registrations
 
@@ -383,17 +431,26 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
 
 void set_fused(bool fused) { g_fused = fused; }
 
-// Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
-void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
-                          py::object slow, py::object store, std::vector<int> kinds) {
+// Register `kernel` as the PrivateUse1 kernel of `ns`::`name` (e.g. "aten", "add.Tensor").
+template <typename Kernel>
+static void register_kernel(const std::string& ns, const std::string& name, std::unique_ptr<Kernel> kernel) {
   auto& library = g_fast_libraries[ns];
   if (!library) {
     library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
                                                __LINE__);
   }
-  auto kernel = std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds));
   g_fast_kernels.push_back(kernel.get());
   library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+}
+
+void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
+                          py::object slow, py::object store, std::vector<int> kinds) {
+  register_kernel(ns, name, std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds)));
+}
+
+void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow) {
+  register_kernel("aten", "clone", std::make_unique<CloneKernel>("aten::clone", read_view, recorded_read_view, slow,
+                                                                 py::none(), std::vector<int>{kTensor, kMemoryFormat}));
 }
 
 py::dict fast_path_counts() {

@@ -190,6 +190,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("storage_nbytes", &tp::storage_nbytes);
   m.def("set_eager_helpers", &tp::set_eager_helpers);
   m.def("register_fast_kernel", &tp::register_fast_kernel);
+  m.def("register_clone_kernel", &tp::register_clone_kernel);
   m.def("set_fused", &tp::set_fused);
   m.def("store_whole", &tp::store_whole);
   m.def("set_sdp_choice", &tp::set_sdp_choice);
