@@ -6,9 +6,11 @@ Each test launches worker processes (tests/distributed/case_parallel.py) with a 
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.distributed.launch import expect_success, launch
+from tests.distributed.launch import REPO, expect_success, launch, torchrun
 
 # every schedule, both frontends (manual PipelineStage and the traced pipeline()), eager and compiled stages
 PIPELINES = ["ScheduleGPipe:1:pipeline", "Schedule1F1B:1:compiled", "ScheduleInterleaved1F1B:2:manual"]
@@ -34,3 +36,25 @@ def test_fsdp2_x_tp_equals_full_batch_training_and_its_checkpoint_loads_on_anoth
 @pytest.mark.slow  # 4 processes: about a minute on 2 cores
 def test_fsdp2_x_pp_equals_full_batch_training():
     expect_success(launch("fsdp_pp", 4, timeout=400))
+
+
+def _two_nodes(case: str, nproc_per_node: int, tmp_path, timeout: float) -> list[dict]:
+    """`case` under two torchrun launchers (two "hosts") meeting at a c10d rendezvous."""
+    env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO),
+               OMP_NUM_THREADS="1")
+    values = torchrun(["-m", "tests.distributed.cases", case], nproc_per_node, tmp_path, env, timeout, nnodes=2)
+    assert all(not v["failures"] for v in values), [v["failures"] for v in values]
+    return values
+
+
+def test_two_nodes_find_jax_coordinator_from_torchruns_environment(tmp_path):
+    """Ranks from two launchers start one JAX multi-process runtime with no extra setting."""
+    for value in _two_nodes("smoke", 1, tmp_path, 180):
+        assert value == {"path": "xla", "jax_processes": 2, "device": 0, "failures": []}
+
+
+@pytest.mark.slow  # 4 processes, twice
+@pytest.mark.parametrize("case", ["ddp", "fsdp"])
+def test_two_nodes_of_two_processes_train_as_one(case, tmp_path):
+    """DDP and FSDP2 across two launchers equal one process training the full batch (the cases' own checks)."""
+    _two_nodes(case, 2, tmp_path, 600)

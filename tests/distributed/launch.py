@@ -99,18 +99,31 @@ def expect_success(results: list[Result]) -> list[dict]:
     return [r.value for r in results]
 
 
-def torchrun(script_args: list[str], nprocs: int, outdir: Path, env: dict, timeout: float = 180.0) -> list[dict]:
-    """`python -m torch.distributed.run --standalone` itself (not `launch`'s environment), each
-    worker writing `outdir/out{rank}.json`; on timeout torchrun and its workers are killed.
-    Returns each rank's JSON."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+def torchrun(script_args: list[str], nprocs: int, outdir: Path, env: dict, timeout: float = 180.0,
+             nnodes: int = 1) -> list[dict]:
+    """`python -m torch.distributed.run` itself (not `launch`'s environment), each worker
+    writing `outdir/out{rank}.json`: `--standalone` for one node, or `nnodes` launchers
+    ("hosts" on this machine) meeting at a c10d rendezvous on localhost, `nprocs` workers
+    each. On timeout the launchers and their workers are killed. Returns each rank's JSON."""
+    if nnodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port_pair()}",
+                      "--rdzv-id=pjrt-test"]
+    command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nprocs}",
                *script_args, str(outdir / "out{rank}.json")]
-    job = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    jobs = [subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True) for _ in range(nnodes)]
+    deadline = time.monotonic() + timeout
+    outputs = []
     try:
-        output, _ = job.communicate(timeout=timeout)
+        for job in jobs:
+            outputs.append(job.communicate(timeout=max(deadline - time.monotonic(), 1))[0])
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
         raise
-    assert job.returncode == 0, output[-4000:]
-    return [json.loads((outdir / f"out{rank}.json").read_text()) for rank in range(nprocs)]
+    for job, output in zip(jobs, outputs):
+        assert job.returncode == 0, output[-4000:]
+    return [json.loads((outdir / f"out{rank}.json").read_text()) for rank in range(nnodes * nprocs)]
