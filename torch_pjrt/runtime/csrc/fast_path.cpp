@@ -180,22 +180,8 @@ class FastKernel : public c10::OperatorKernel {
         if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
       }
       if (!fast || device < 0) return slow(op, stack, n);
-      bool record = g_fused && !at::globalContext().deterministicAlgorithms();
-      PyObject* out;
-      if (record) {  // this kernel already knows that fused mode records (Recordable.__call__'s test)
-        out = recorder_.record(args.data(), values.ptr(), device);
-        if (!out && !PyErr_Occurred()) out = PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, values.ptr(), nullptr);
-      } else {
-        out = PyObject_Call(run_, values.ptr(), nullptr);
-      }
-      if (!out) {
-        // A failed call: the Python kernel runs it again and raises what CPU torch raises (errors.py).
-        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
-        PyErr_Clear();
-        return slow(op, stack, n);
-      }
-      result = py::reinterpret_steal<py::object>(out);
-      fast_calls_++;
+      result = call(args.data(), values, device);
+      if (!result) return slow(op, stack, n);
     }
     if (store_) {
       c10::IValue self = (*stack)[stack->size() - n];
@@ -215,6 +201,26 @@ class FastKernel : public c10::OperatorKernel {
   }
 
  protected:
+  // The op's executable on `values`, or in fused mode its call recorded (in C++ where the recorder
+  // can, else by fused.record); a null object when the call failed: the Python kernel runs it
+  // again and raises what CPU torch raises (errors.py).
+  py::object call(const c10::IValue* args, const py::tuple& values, int device) {
+    PyObject* out;
+    if (g_fused && !at::globalContext().deterministicAlgorithms()) {  // Recordable.__call__'s test
+      out = recorder_.record(args, values.ptr(), device);
+      if (!out && !PyErr_Occurred()) out = PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, values.ptr(), nullptr);
+    } else {
+      out = PyObject_Call(run_, values.ptr(), nullptr);
+    }
+    if (!out) {
+      if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+      PyErr_Clear();
+      return py::object();
+    }
+    fast_calls_++;
+    return py::reinterpret_steal<py::object>(out);
+  }
+
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
   // `written`: self of an in-place op.
   py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
@@ -388,27 +394,15 @@ class CloneKernel : public FastKernel {
     settle(h);
     if (!h->buffer) return slow(op, stack, 2);
     py::object value;
-    if (is_whole_buffer(self, h)) {
-      if (!is_pending(h->buffer) && Py_TYPE(h->buffer) != reinterpret_cast<PyTypeObject*>(g_eager.array_type))
-        return slow(op, stack, 2);  // a growing storage's Padded buffer: storage.wrap keeps it padded
+    if (!is_whole_buffer(self, h)) {
+      value = call(args.data(), py::make_tuple(lazy_view(self, h)), self.device().index());
+      if (!value) return slow(op, stack, 2);
+    } else if (is_pending(h->buffer) || Py_TYPE(h->buffer) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {
       value = py::reinterpret_borrow<py::object>(h->buffer);
+      fast_calls_++;
     } else {
-      py::tuple operand = py::make_tuple(lazy_view(self, h));
-      PyObject* out = nullptr;
-      if (g_fused && !at::globalContext().deterministicAlgorithms()) {
-        out = recorder_.record(args.data(), operand.ptr(), self.device().index());
-        if (!out && !PyErr_Occurred()) out = PyObject_CallFunctionObjArgs(g_eager.record_call, recorded_, operand.ptr(), nullptr);
-      } else {
-        out = PyObject_Call(run_, operand.ptr(), nullptr);
-      }
-      if (!out) {
-        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
-        PyErr_Clear();
-        return slow(op, stack, 2);
-      }
-      value = py::reinterpret_steal<py::object>(out);
+      return slow(op, stack, 2);  // a growing storage's Padded buffer: storage.wrap keeps it padded
     }
-    fast_calls_++;
     torch::jit::drop(*stack, 2);
     torch::jit::push(*stack, wrap_result(op, value.ptr(), self.device().index()));
   }
