@@ -23,8 +23,9 @@ def test_pipeline_schedules_equal_full_batch_training(nprocs):
 
 
 def test_context_parallel_sdpa_equals_unsharded_attention():
-    """Ring attention over the sequence dimension: output and q/k/v gradients, causal (load balanced) and not."""
-    expect_success(launch("context_parallel", 2, timeout=300))
+    """Ring attention over the sequence dimension: output and q/k/v gradients, causal (load
+    balanced) and not, eager and under torch.compile(backend="pjrt")."""
+    expect_success(launch("context_parallel", 2, timeout=300, args=["compiled"]))
 
 
 @pytest.mark.slow  # 4 processes on a 2-D mesh: about 4 minutes on 2 cores (docs/distributed.md)

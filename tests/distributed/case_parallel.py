@@ -161,9 +161,10 @@ def pipeline(*schedules: str) -> dict:
 
 
 @case
-def context_parallel() -> dict:
+def context_parallel(*variants: str) -> dict:
     """Ring attention over the sequence dimension (torch's context_parallel on a pjrt
-    DeviceMesh): outputs and q/k/v gradients equal unsharded SDPA, causal and not."""
+    DeviceMesh): outputs and q/k/v gradients equal unsharded SDPA, causal and not; with
+    "compiled", also through torch.compile(backend="pjrt")."""
     init()
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
@@ -178,20 +179,26 @@ def context_parallel() -> dict:
     batch, heads, seq, dim = 1, 2, 64 * n, 16
     q, k, v = (torch.randn(batch, heads, seq, dim, generator=g) for _ in range(3))
     grad = torch.randn(batch, heads, seq, dim, generator=g)
-    for is_causal in (False, True):
+    runs = [(False, False), (True, False)] + ([(True, True)] if "compiled" in variants else [])
+    for is_causal, compiled in runs:
         _cp_options.enable_load_balance = is_causal  # torch's round-robin sharding serves causal attention only
         ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
         ref_out = F.scaled_dot_product_attention(*ref, is_causal=is_causal)
         ref_out.backward(grad)
         cp = [t.to(pjrt()) for t in (q, k, v)]
         cp_grad = grad.to(pjrt())
+
+        def attention(*qkv):
+            return F.scaled_dot_product_attention(*qkv, is_causal=is_causal)
+
+        run = torch.compile(attention, backend="pjrt") if compiled else attention
         with context_parallel(mesh, buffers=[*cp, cp_grad], buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers=set(cp)):
             for t in cp:
                 t.requires_grad_(True)
-            out = F.scaled_dot_product_attention(*cp, is_causal=is_causal)
+            out = run(*cp)
             out.backward(cp_grad)
         full = context_parallel_unshard(mesh, [out.detach(), *(t.grad for t in cp)], [2, 2, 2, 2])
-        what = f"context parallel SDPA (causal={is_causal})"
+        what = f"{'compiled ' if compiled else ''}context parallel SDPA (causal={is_causal})"
         check_equal(f"{what} output", full[0], ref_out.detach(), rtol=1e-5, atol=1e-5)
         for name, actual, t in zip("qkv", full[1:], ref):
             check_equal(f"{what} gradient of {name}", actual, t.grad, rtol=1e-4, atol=1e-5)
