@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tests.distributed.common import case, check_equal, init, pjrt
+from torch_pjrt.tools.demo_models import Llama, llama_tensor_parallel
 
 PP_STEPS, PP_BATCH, PP_MICROBATCHES, PP_WIDTH = 3, 8, 4, 16
 
@@ -205,44 +206,6 @@ def context_parallel(*variants: str) -> dict:
     return {}
 
 
-class LlamaBlock(nn.Module):
-    """A Llama-style decoder block for training: RMSNorm, causal attention, SwiGLU MLP. Heads
-    are read from the projections' widths, so a tensor-parallel shard runs its own heads."""
-
-    def __init__(self, dim: int, heads: int, hidden: int):
-        super().__init__()
-        self.head_dim = dim // heads
-        self.attn_norm, self.mlp_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        B, T, _ = x.shape
-        h = self.attn_norm(x)
-        q, k, v = (p(h).view(B, T, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
-        h = self.mlp_norm(x)
-        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
-
-
-class Llama(nn.Module):
-    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, hidden: int = 64, layers: int = 2):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, hidden) for _ in range(layers))
-        self.norm = nn.RMSNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, tokens, targets):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.norm(x))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
 LLAMA_STEPS, LLAMA_BATCH, LLAMA_SEQ = 3, 8, 16
 
 
@@ -263,16 +226,6 @@ def _llama_train(model, rows: slice) -> list[float]:
         opt.step()
         losses.append(loss.detach())
     return losses
-
-
-def _llama_tensor_parallel(model, tp_mesh):
-    """torchtitan's plan: attention and MLP inputs column-wise, their outputs row-wise."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    for block in model.blocks:
-        parallelize_module(block, tp_mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-                                            "o": RowwiseParallel(), "gate": ColwiseParallel(),
-                                            "up": ColwiseParallel(), "down": RowwiseParallel()})
 
 
 @case
@@ -296,7 +249,7 @@ def fsdp_tp(directory: str) -> dict:
     model = copy.deepcopy(reference)
     ref_losses = [float(v) for v in _llama_train(reference, slice(None))]
 
-    _llama_tensor_parallel(model, mesh["tp"])
+    llama_tensor_parallel(model, mesh["tp"])
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])

@@ -146,6 +146,57 @@ class GPT(nn.Module):
         return idx
 
 
+# -- a Llama-style model for training (tensor-parallel ready) ------------------------------
+class LlamaBlock(nn.Module):
+    """A Llama-style decoder block for training: RMSNorm, causal attention, SwiGLU MLP. Heads
+    are read from the projections' widths, so a tensor-parallel shard runs its own heads."""
+
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        h = self.attn_norm(x)
+        q, k, v = (p(h).view(B, T, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
+        h = self.mlp_norm(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """Embedding, LlamaBlocks, RMSNorm, an untied head; forward(tokens, targets) is the cross-entropy."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, hidden: int = 64, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(LlamaBlock(dim, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def llama_tensor_parallel(model: Llama, tp_mesh) -> None:
+    """torchtitan's plan on each block: attention and MLP inputs column-wise, outputs row-wise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in model.blocks:
+        parallelize_module(block, tp_mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                                            "o": RowwiseParallel(), "gate": ColwiseParallel(),
+                                            "up": ColwiseParallel(), "down": RowwiseParallel()})
+
+
 # -- small classifiers and a recurrent model ----------------------------------------------
 class MLP(nn.Module):
     def __init__(self, n_in: int = 32, hidden: int = 128, n_out: int = 10):
