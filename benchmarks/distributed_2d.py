@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
-from distributed_torchrun import report_median, torchrun_json
+from distributed_torchrun import timed_steps, torchrun_json
 
 CONFIGS = {"pjrt (XLA path)": "pjrt", "torch CPU, gloo (peer)": "cpu"}
 BATCH, SEQ, TP = 8, 64, 2
@@ -40,17 +39,17 @@ def worker(device: str, steps: int, dim: int, layers: int) -> None:
     fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(mesh["dp"].get_local_rank())
-    times = []
-    for _ in range(steps):
-        batch = torch.randint(256, (BATCH // dp, SEQ + 1), generator=g).to(device)
-        start = time.perf_counter()
+    batches = iter([torch.randint(256, (BATCH // dp, SEQ + 1), generator=g).to(device) for _ in range(steps)])
+
+    def step():
+        batch = next(batches)
         loss = model(batch[:, :-1], batch[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        float(loss)  # waits for the step
-        times.append(time.perf_counter() - start)
-    report_median(times, warmup=2)
+        return loss
+
+    timed_steps(step, steps, warmup=2)
     dist.destroy_process_group()
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 
 def torchrun_json(script: str, nproc: int, args: list[str], env: dict, timeout: float = 1200) -> list[dict]:
@@ -26,3 +27,14 @@ def report_median(times: list[float], warmup: int) -> None:
     steady = sorted(times[warmup:])
     if dist.get_rank() == 0:
         print(json.dumps({"seconds": steady[len(steady) // 2]}), flush=True)
+
+
+def timed_steps(step, steps: int, warmup: int) -> None:
+    """In a worker: run `step()` (which returns the loss) `steps` times, each timed until its
+    loss is read on the host, and report the median as `report_median` does."""
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        float(step())
+        times.append(time.perf_counter() - start)
+    report_median(times, warmup)
