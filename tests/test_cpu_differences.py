@@ -256,6 +256,36 @@ def test_embedding_bag_reads_2d_indices_by_flat_position(weighted, offsets):
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_with_no_indices_gives_empty_bags(mode):
+    """PyTorch's test_embedding_bag_device: every bag empty (max mode took from an empty axis)."""
+    def run(device):
+        weight = (torch.arange(30.0).reshape(10, 3) / 7).to(device).requires_grad_()
+        out = torch.nn.functional.embedding_bag(torch.tensor([], dtype=torch.long, device=device), weight,
+                                                torch.tensor([0, 0], device=device), mode=mode)
+        out.sum().backward()
+        return out.detach().cpu(), weight.grad.cpu()
+
+    for got, expected in zip(run("pjrt"), run("cpu")):
+        torch.testing.assert_close(got, expected)
+
+
+def test_embedding_max_norm_with_a_computed_index():
+    """The renorm's index check sorts the index inside its executable: a pending (fused) index
+    or a view of one is not on the host yet (its probe read it as an array)."""
+    def run(device):
+        weight = (torch.arange(30.0).reshape(10, 3) - 12).to(device)
+        index = torch.tensor([1, 2, 4, 5, 4, 9], device=device) * 1
+        out = torch.nn.functional.embedding(index[::2], weight, max_norm=1.0)
+        return out.cpu(), weight.cpu()
+
+    for got, expected in zip(run("pjrt"), run("cpu")):
+        torch.testing.assert_close(got, expected)
+    with pytest.raises(IndexError, match=r"select\(\): index 20 out of range"):
+        torch.nn.functional.embedding(torch.tensor([1, 20], device="pjrt") * 1, torch.ones(10, 3, device="pjrt"),
+                                      max_norm=1.0).cpu()
+
+
 # --------------------------------------------------------------------------- multinomial's checks
 def _multinomial_error_inputs():
     from torch.testing._internal.common_methods_invocations import op_db

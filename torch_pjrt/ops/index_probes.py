@@ -133,19 +133,18 @@ def embedding_bag(values):
             f"embedding_bag: Expected idx >= 0 && idx < num_embeddings but found idx to be {bad}")
 
 
-@jax.jit
 def _ascending(index):
     return jnp.sort(index.reshape(-1))
 
 
 def embedding_renorm(values):
     """CPU's embedding_renorm_ visits the rows in ascending index order and selects each
-    (negative ones wrap), so the index it names is the first bad one in sorted order."""
+    (negative ones wrap), so the index it names is the first bad one in sorted order. The sort
+    runs inside the check's executable (a Derived index): the index may still be pending."""
     shape, index = _shape_of(values[0]), values[1]
     if len(shape) != 2 or not is_index(index) or math.prod(_shape_of(index)) == 0:
         return  # the lowering refuses other shapes and dtypes
-    index = _ascending(index.resolve() if hasattr(index, "resolve") else index)
-    yield index, shape[0], True, lambda _, bad: IndexError(
+    yield Derived(index, (math.prod(_shape_of(index)),), _ascending), shape[0], True, lambda _, bad: IndexError(
         f"select(): index {bad} out of range for tensor of size {list(shape)} at dimension 0")
 
 

@@ -551,7 +551,9 @@ def _embedding_bag_max(rows, keep, idx, bags, num_bags):
     positions = jnp.where(hit, jnp.arange(idx.shape[0], dtype=INT64)[:, None], idx.shape[0])
     first = _bag_rows(positions, bags, num_bags, jax.ops.segment_min)
     found = first < idx.shape[0]
-    rows_of_max = jnp.where(found, jnp.take(idx, jnp.minimum(first, max(idx.shape[0] - 1, 0)), mode="clip"), 0)
+    if idx.shape[0] == 0:  # no index at all: every bag is empty
+        return jnp.zeros(best.shape, rows.dtype), jnp.zeros(best.shape, INT64)
+    rows_of_max = jnp.where(found, jnp.take(idx, jnp.minimum(first, idx.shape[0] - 1), mode="clip"), 0)
     return jnp.where(found, best, jnp.zeros((), rows.dtype)), rows_of_max
 
 
