@@ -25,16 +25,6 @@ class LlamaConfig:
     batch: int = 1
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
 def rotate(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -71,7 +61,7 @@ class Attention(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.attn_norm, self.mlp_norm = RMSNorm(cfg.dim), RMSNorm(cfg.dim)
+        self.attn_norm, self.mlp_norm = nn.RMSNorm(cfg.dim, eps=1e-6), nn.RMSNorm(cfg.dim, eps=1e-6)
         self.attn = Attention(cfg)
         self.gate = nn.Linear(cfg.dim, cfg.hidden, bias=False)
         self.up = nn.Linear(cfg.dim, cfg.hidden, bias=False)
@@ -89,7 +79,7 @@ class TinyLlama(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim)
+        self.norm = nn.RMSNorm(cfg.dim, eps=1e-6)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         head_dim = cfg.dim // cfg.n_head
         inv = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
