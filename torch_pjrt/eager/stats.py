@@ -75,11 +75,12 @@ def eager_stats() -> dict:
     which arguments changed between an op's executables, and fused mode's regions
     (runtime/fused.py: regions, ops per region, compiles and cache hits, why regions ended), and
     per op which path its calls took ("paths": the C++ fast path or Python, eager/paths.py)."""
-    from ..runtime import fused
+    from ..runtime import executable_budget, fused
     from . import paths
 
     with _lock:
         return {
+            "executables_released": executable_budget.released(),
             "fused": fused.stats(),
             "paths": paths.snapshot(),
             "executables": sum(_by_op.values()),

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from . import platform
+from .executable_budget import release_if_due
 
 log = logging.getLogger("torch_pjrt.fused")
 
@@ -392,6 +393,7 @@ def flush_all(reason: str = "synchronize") -> None:
 def _flush_locked(region: Region, reason: str) -> None:
     if region.ran or not region.calls:
         return
+    release_if_due()
     region.ran = True
     _open.discard(region)
     try:

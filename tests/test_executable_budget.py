@@ -1,0 +1,61 @@
+"""Live executables stay under the process's memory-map budget (runtime/executable_budget.py).
+
+Without the budget a long process (tests/ops, about 7000 executables) ran out of Linux's
+vm.max_map_count and XLA segfaulted in its next persistent-cache load."""
+import pytest
+import torch
+
+import torch_pjrt
+from torch_pjrt.runtime import executable_budget
+
+
+@pytest.fixture
+def tiny_budget(monkeypatch):
+    # our own module's knobs: check at every build, and any process is over budget
+    monkeypatch.setattr(executable_budget, "CHECK_EVERY", 1)
+    monkeypatch.setattr(executable_budget, "MAX_MAP_FRACTION", 0.0)
+    yield
+    executable_budget._state["due"] = False
+
+
+def _work(device, n):
+    out = []
+    for k in range(1, n + 1):  # a new shape each time: new executables
+        x = torch.arange(k * 3, dtype=torch.float32, device=device).reshape(k, 3)
+        out.append((x.sin() * 2 + x.sum(0)).cpu())
+    return out
+
+
+@pytest.mark.skipif(executable_budget.maps() is None or executable_budget._LIMIT is None,
+                    reason="the map budget exists where Linux reports the process's maps and its limit")
+@pytest.mark.parametrize("mode", ["fused", "op"])
+def test_over_budget_releases_executables_and_results_hold(tiny_budget, mode):
+    before_mode = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        released = torch_pjrt.eager_stats()["executables_released"]
+        got = _work("pjrt", 6)
+        assert torch_pjrt.eager_stats()["executables_released"] > released
+        # the executables come back (persistent cache or compile) and compute the same
+        again = _work("pjrt", 6)
+    finally:
+        torch_pjrt.set_eager_mode(before_mode)
+    want = _work("cpu", 6)
+    for a, b, c in zip(got, again, want):
+        torch.testing.assert_close(a, c)
+        torch.testing.assert_close(b, c)
+
+
+def test_release_drops_maps():
+    if executable_budget.maps() is None:
+        pytest.skip("this system does not report a process's memory maps")
+    import jax
+    import jax.numpy as jnp
+
+    fns = [jax.jit(lambda x, i=i: jnp.sort(x) + i) for i in range(200)]
+    for f in fns:
+        f(jnp.ones(4)).block_until_ready()
+    held = executable_budget.maps()
+    executable_budget._state["due"] = True
+    executable_budget.release_if_due()
+    assert executable_budget.maps() < held - 200  # 200 executables held 3-10 maps each

@@ -1,0 +1,79 @@
+"""Live executables are a bounded resource: past a budget, JAX's in-memory executables are dropped.
+
+JAX keeps every executable it built for as long as its jit function lives, and ours live as long
+as the process (an op's lowering, a storage helper). A process that meets many shapes (eager code
+with changing sizes, a test suite) so accumulates thousands of them. Each XLA:CPU executable maps
+3 to 10 memory regions (code, constants, data), Linux caps a process at `vm.max_map_count`
+(65530 by default), and when a map fails XLA crashes instead of raising: the process segfaults in
+its next compile or persistent-cache load (tests/ops met it after about 7000 executables).
+
+So every executable built (JAX's backend-compile event: compiled, or read from the persistent
+cache) is counted; every `CHECK_EVERY` builds the process's maps are counted, and past
+`MAX_MAP_FRACTION` of the limit, at the next safe point (Python between calls: a fused region's
+run, a Python kernel, a compiled graph's call), `jax.clear_caches()` drops every in-memory
+executable. Those still in use are built again on their next call, from the persistent cache in
+about a millisecond each. `released()` says how many times it happened (eager_stats reports it).
+"""
+from __future__ import annotations
+
+import jax
+import jax.monitoring
+
+try:  # JAX's own test that no trace is in progress (clear_caches must not run inside one)
+    from jax._src.core import trace_state_clean as _no_trace
+except ImportError:  # our safe points are outside traces anyway
+    def _no_trace() -> bool:
+        return True
+
+CHECK_EVERY = 256
+MAX_MAP_FRACTION = 0.5
+
+_state = {"built": 0, "due": False, "released": 0}
+
+
+def _map_limit() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):  # not Linux: no such limit to stay under
+        return None
+
+
+_LIMIT = _map_limit()
+
+
+def maps() -> int | None:
+    """The memory maps this process holds now (None where the system does not say)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _on_build(name: str, seconds: float, **_) -> None:
+    if not name.endswith("backend_compile_duration"):
+        return
+    _state["built"] += 1
+    if _LIMIT is not None and _state["built"] % CHECK_EVERY == 0:
+        held = maps()
+        if held is not None and held > MAX_MAP_FRACTION * _LIMIT:
+            _state["due"] = True
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_build)
+
+
+def release_if_due() -> None:
+    """At a safe point (no JAX trace in progress): drop JAX's in-memory executables if the
+    process is over its budget. A bool test when it is not."""
+    if not _state["due"] or not _no_trace():
+        return
+    _state["due"] = False
+    jax.clear_caches()
+    _state["released"] += 1
+
+
+def released() -> int:
+    """How many times this process dropped its in-memory executables."""
+    return _state["released"]
