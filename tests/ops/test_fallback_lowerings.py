@@ -35,6 +35,9 @@ CASES = {
     ("_segment_reduce", "lengths"): (torch.float32, torch.float64),
     ("_segment_reduce", "offsets"): (torch.float32, torch.float64),
     ("histogramdd", ""): (torch.float32, torch.float64),
+    ("linalg.ldl_factor", ""): (torch.float32, torch.complex128),
+    ("linalg.ldl_factor_ex", ""): (torch.float64, torch.complex64),
+    ("linalg.ldl_solve", ""): (torch.float32, torch.float64, torch.complex64, torch.complex128),
 }
 
 
@@ -196,3 +199,27 @@ def test_segment_reduce_refuses_lengths_that_do_not_cover_the_axis():
         run("cpu")
     with pytest.raises(RuntimeError, match=str(cpu.value).split("(")[0]):
         run("pjrt")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=str)
+@pytest.mark.parametrize("hermitian", [False, True])
+def test_ldl_pivots_and_solve_match_lapack(dtype, hermitian):
+    """Bunch-Kaufman's choices are CPU's: 1x1 and 2x2 pivots, interchanges, a zero pivot's info."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 6, 6, dtype=dtype, generator=g)
+    a = a + (a.mT.conj() if hermitian else a.mT)
+    a[1].diagonal().zero_()  # a zero diagonal: 2x2 pivots throughout
+    a[2, :, 0] = 0  # a zero column: info names it
+    a[2, 0, :] = 0
+    a[3] = a[3] * 1e-3 + torch.diag(torch.arange(6.0, dtype=torch.float64)).to(dtype)  # 1x1 pivots, one zero
+    ld, piv, info = torch.linalg.ldl_factor_ex(a, hermitian=hermitian)
+    b = torch.randn(4, 6, 2, dtype=dtype, generator=g)
+    x = torch.linalg.ldl_solve(ld, piv, b, hermitian=hermitian)
+    with no_fallback():
+        got = torch.linalg.ldl_factor_ex(a.to("pjrt"), hermitian=hermitian)
+        got_x = torch.linalg.ldl_solve(ld.to("pjrt"), piv.to("pjrt"), b.to("pjrt"), hermitian=hermitian)
+    assert (piv < 0).any() and info.ne(0).any()  # the cases are exercised
+    torch.testing.assert_close(got[1].cpu(), piv)
+    torch.testing.assert_close(got[2].cpu(), info)
+    torch.testing.assert_close(got[0].cpu(), ld)
+    torch.testing.assert_close(got_x.cpu(), x, equal_nan=True)
