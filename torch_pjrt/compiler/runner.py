@@ -65,6 +65,7 @@ class GraphRunner:
         self.cpu_inputs = tuple(i for i, k in enumerate(self.kinds) if k == CPU)
         self.output_places = [_place(d) for d in program.output_devices]
         self.executables = 0
+        self._built: set = set()  # (callable, input signature) built so far
         self.strategy = choose(self, example_inputs)
 
     # ---------------------------------------------------------------- building (for strategies)
@@ -151,7 +152,7 @@ class GraphRunner:
         strategy.count_call()
         before = stats.marker()
         result = strategy.execute(fn, call_args)
-        if stats.marker() != before:  # a new input signature compiled (or loaded) on this call
+        if stats.marker() != before and self._new_build(fn, tensors):  # a new input signature compiled (or loaded)
             self._count_executable(strategy.why_new(fn, state))
         elif strategy.counts_cache_hits:
             stats.add("cache_hits")
@@ -161,6 +162,16 @@ class GraphRunner:
         arrays = iter(outputs)
         return [value if value is not None or place is None else place(next(arrays), self.device)
                 for value, place in zip(python, self.output_places)]
+
+    def _new_build(self, fn, tensors: list) -> bool:
+        """False for a rebuild of an executable this graph already built (the same callable on
+        the same signature, after runtime/executable_budget.py dropped JAX's executables)."""
+        key = (fn, tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else
+                         t if t is None or isinstance(t, (int, float, bool)) else type(t) for t in tensors))
+        if key in self._built:
+            return False
+        self._built.add(key)
+        return True
 
     def _count_executable(self, reason):
         stats.add("executables")

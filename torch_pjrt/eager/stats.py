@@ -22,6 +22,9 @@ _by_op: collections.Counter = collections.Counter()
 _last: dict = {}  # op -> the last traced signature, {argument: shape/dtype or static value}
 _changing: dict = collections.defaultdict(collections.Counter)  # op -> argument -> times it changed
 _warned: set = set()
+# (op, signature) of every executable traced in this process, kept across resets: after
+# runtime/executable_budget.py drops JAX's executables, a retrace of one of these is not new
+_seen: set = set()
 _totals = {"compile_seconds": 0.0, "persistent_cache_hits": 0}
 
 
@@ -50,7 +53,16 @@ def _describe(v):
 def traced(op, names, values) -> None:
     """Called when an eager executable of `op` is traced (a new signature)."""
     signature = {name: _describe(v) for name, v in zip(names, values)}
+    try:
+        key = (str(op), tuple(signature.items()))
+        hash(key)
+    except TypeError:  # an unhashable static argument: count it as new
+        key = None
     with _lock:
+        if key is not None:
+            if key in _seen:
+                return
+            _seen.add(key)
         _by_op[str(op)] += 1
         previous = _last.get(op)
         if previous is not None:
