@@ -26,8 +26,11 @@ def _work(device, n):
     return out
 
 
-@pytest.mark.skipif(executable_budget.maps() is None or executable_budget._LIMIT is None,
-                    reason="the map budget exists where Linux reports the process's maps and its limit")
+linux_only = pytest.mark.skipif(executable_budget.maps() is None or executable_budget._LIMIT is None,
+                                reason="the map budget exists where Linux reports the process's maps and its limit")
+
+
+@linux_only
 @pytest.mark.parametrize("mode", ["fused", "op"])
 def test_over_budget_releases_executables_and_results_hold(tiny_budget, mode):
     before_mode = torch_pjrt.eager_mode()
@@ -46,9 +49,8 @@ def test_over_budget_releases_executables_and_results_hold(tiny_budget, mode):
         torch.testing.assert_close(b, c)
 
 
+@linux_only
 def test_release_drops_maps():
-    if executable_budget.maps() is None:
-        pytest.skip("this system does not report a process's memory maps")
     import jax
     import jax.numpy as jnp
 

@@ -106,9 +106,7 @@ def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
     batch = self.shape[:-2]
     if n == 0 or math.prod(batch) == 0:
         return self, jnp.zeros((*batch, n), jnp.int32), jnp.zeros(batch, jnp.int32)
-    one = lambda a: _factor_one(a, hermitian)  # noqa: E731
-    flat = self.reshape(-1, n, n)
-    ld, piv, info = jax.vmap(one)(flat)
+    ld, piv, info = jax.vmap(lambda a: _factor_one(a, hermitian))(self.reshape(-1, n, n))
     return ld.reshape(self.shape), piv.reshape(*batch, n), info.reshape(batch)
 
 
@@ -134,13 +132,14 @@ def _solve_one(ld, piv, b, hermitian: bool):
         d = ld[k, k].real if herm else ld[k, k]
         one = b.at[k].set((1 / d) * b[k])  # as LAPACK scales: 1/0 is nan for complex, inf for real
         # 2x2: the block [[akm1, conj(akm1k)], [akm1k, ak]] solved in LAPACK's scaled form
-        akm1k = ld[jnp.minimum(k + 1, n - 1), k]
+        k1 = jnp.minimum(k + 1, n - 1)  # in range when the last pivot is 1x1 (the block is not taken)
+        akm1k = ld[k1, k]
         akm1 = ld[k, k] / conj(akm1k)
-        ak = ld[jnp.minimum(k + 1, n - 1), jnp.minimum(k + 1, n - 1)] / akm1k
+        ak = ld[k1, k1] / akm1k
         denom = akm1 * ak - 1
         bkm1 = b[k] / conj(akm1k)
-        bk = b[jnp.minimum(k + 1, n - 1)] / akm1k
-        block = b.at[k].set((ak * bkm1 - bk) / denom).at[jnp.minimum(k + 1, n - 1)].set((akm1 * bk - bkm1) / denom)
+        bk = b[k1] / akm1k
+        block = b.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
         return k + jnp.where(two, 2, 1), jnp.where(two, block, one)
 
     def backward(state):  # L^T X = B (L^H when Hermitian)
