@@ -47,3 +47,28 @@ def test_failed_autoload_does_not_break_import_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["2.0", "False"]
     assert "the pjrt device is unavailable" in r.stderr and "torch-pjrt doctor" in r.stderr
+
+
+def test_import_hook_survives_a_probe_without_import(tmp_path, monkeypatch):
+    """accelerate and transformers probe packages with importlib.util.find_spec: that must not
+    consume the hook that applies our defaults when the package is really imported (CI once ran
+    the whole suite with transformers imported and no default applied)."""
+    import importlib.util
+    import sys
+
+    import torch_pjrt
+
+    (tmp_path / "pjrt_probed_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pjrt_probed_module", raising=False)
+    calls = []
+    torch_pjrt._after_import("pjrt_probed_module", lambda: calls.append(sys.modules["pjrt_probed_module"].VALUE))
+    assert importlib.util.find_spec("pjrt_probed_module") is not None
+    assert calls == []
+    import pjrt_probed_module  # noqa: F401
+
+    assert calls == [1]
+    del sys.modules["pjrt_probed_module"]
+    import pjrt_probed_module  # noqa: F401,F811  (a second import: the hook ran once)
+
+    assert calls == [1]

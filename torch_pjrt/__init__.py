@@ -106,16 +106,27 @@ def _after_import(name: str, callback) -> None:
         return
 
     class Finder(importlib.abc.MetaPathFinder):
+        # Libraries probe with importlib.util.find_spec(name) without importing (accelerate,
+        # transformers' is_*_available): the hook stays until the module really executes.
+        searching = False
+
         def find_spec(self, fullname, path, target=None):
-            if fullname != name:
+            if fullname != name or self.searching:
                 return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(fullname)
+            self.searching = True  # the real spec, from the finders after this one
+            try:
+                spec = importlib.util.find_spec(fullname)
+            finally:
+                self.searching = False
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
             run = spec.loader.exec_module
 
             def exec_module(module):
                 run(module)
-                callback()
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                    callback()
 
             spec.loader.exec_module = exec_module
             return spec
