@@ -27,6 +27,7 @@ import operator
 import os
 import pickle
 import threading
+import uuid
 from pathlib import Path
 
 import torch
@@ -90,6 +91,29 @@ def _propagate_meta(gm: torch.fx.GraphModule, args) -> None:
 
 def _store_dir() -> Path:
     return cache_dir() / "inductor_graphs"
+
+
+def _store_id() -> str:
+    """A random name the store takes when it is created, read back by later processes."""
+    path = _store_dir() / "store-id"
+    try:
+        return path.read_text()
+    except OSError:
+        pass
+    name = uuid.uuid4().hex
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(name)
+        try:
+            os.link(tmp, path)  # atomic, and refused where another process named the store first
+        finally:
+            tmp.unlink()
+    except FileExistsError:
+        return path.read_text()
+    except OSError:
+        pass  # an unwritable store keeps no graph either: a name of this process's own
+    return name
 
 
 def _lookup(key: str) -> InductorGraph:
@@ -193,7 +217,9 @@ class HandGraphToPjrt(CustomGraphModulePass):
         gm.recompile()
 
     def uuid(self):
-        return get_hash_for_files((__file__,))
+        # Inductor's cache key holds this: a wrapper it stored is used only with the store that
+        # holds its graphs (a new or cleared TORCH_PJRT_CACHE_DIR is a cache miss, not an error).
+        return hashlib.sha256(get_hash_for_files((__file__,)) + _store_id().encode()).hexdigest()
 
 
 def _body(graph: torch.fx.Graph, returned) -> torch.fx.Graph:
