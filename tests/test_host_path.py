@@ -23,8 +23,6 @@ WARMUP = 4  # a fused region's structure compiles at its second sight; the rest 
 GPT_PYTHON_KERNELS = {
     "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
     "aten::_local_scalar_dense": "the loss read on the host (a sync point)",
-    "aten::arange": "a factory: the fast path takes no device argument",
-    "aten::ones_like": "a factory: the fast path takes no device argument",
     "aten::cat": "a growing storage's append (the `grows` trait)",
     "aten::embedding": "index checks queued for the next sync (index probes)",
     "aten::_foreach_mul_.Tensor": "clip_grad_norm_ scales gradients that are views of their storage (a write "
@@ -32,7 +30,6 @@ GPT_PYTHON_KERNELS = {
 }
 DECODE_PYTHON_KERNELS = {
     "aten::_to_copy": "the token read back to the host",
-    "aten::scalar_tensor": "a factory: the fast path takes no device argument",
     "aten::cat": "a growing storage's append (the `grows` trait)",
     "aten::embedding": "index checks queued for the next sync (index probes)",
     "aten::index_select": "index checks queued for the next sync (index probes)",
@@ -103,11 +100,11 @@ GPT_PYTHON_RECORDED = {
                             "aten::_foreach_norm.Scalar", "aten::_foreach_sqrt", "aten::stack")},
     "aten::nll_loss_backward": "backward's first op reads the forward region's pending values, on the autograd "
                                "thread: fused.record runs that region first",
-    **{op: _PYTHON_KERNEL for op in ("aten::arange", "aten::ones_like", "aten::cat", "aten::embedding")},
+    **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::embedding")},
     "index check": "the embedding's queued bounds check (index_checks.py)",
 }
 DECODE_PYTHON_RECORDED = {
-    **{op: _PYTHON_KERNEL for op in ("aten::scalar_tensor", "aten::cat", "aten::embedding", "aten::index_select",
+    **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::embedding", "aten::index_select",
                                      "aten::_scaled_dot_product_fused_attention_overrideable")},
     "aten::index_copy": "index_copy_'s Python kernel records its functional op",
     "index check": "queued bounds checks of embedding, index_select and index_copy_ (index_checks.py)",
@@ -149,3 +146,25 @@ def test_counts_name_each_path(mode):
     recorded = (1, 1) if mode == "fused" else (0, 0)
     assert (counts["cpp_recorder"], counts["python_recorder"]) == recorded
     assert torch.equal((y + z).cpu(), torch.full((3,), 4.0))
+
+
+def test_factories_take_the_fast_path_on_their_device(mode):
+    """A factory's device argument says where it runs: on the current device the C++ kernel
+    serves it; on another device it commits its result there (the Python kernel); a device
+    other than the operands' is the Python kernel's to check. Values equal the CPU's."""
+    torch_pjrt.reset_eager_stats()
+    made = [torch.scalar_tensor(2.5, device="pjrt"), torch.arange(1, 7, 2, device="pjrt"),
+            torch.full((2, 3), 7, dtype=torch.int16, device="pjrt"),
+            torch.ones_like(torch.zeros(2, 3, device="pjrt"), dtype=torch.float64)]
+    counts = torch_pjrt.eager_stats()["paths"]
+    for name in ("aten::scalar_tensor", "aten::arange.start_step", "aten::full", "aten::ones_like"):
+        assert (counts[name]["fast"], counts[name]["python_kernel"]) == (1, 0), (name, counts[name])
+    expected = [torch.scalar_tensor(2.5), torch.arange(1, 7, 2), torch.full((2, 3), 7, dtype=torch.int16),
+                torch.ones(2, 3, dtype=torch.float64)]
+    for got, want in zip(made, expected):
+        assert got.device == torch.device("pjrt", 0) and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
+    with torch.pjrt.device(1):
+        on_one = torch.arange(3.0, device="pjrt") + torch.scalar_tensor(1.0, device="pjrt:1")
+    assert on_one.device == torch.device("pjrt", 1)
+    assert torch.equal(on_one.cpu(), torch.arange(3.0) + 1)

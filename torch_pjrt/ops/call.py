@@ -75,8 +75,8 @@ def _resolve(v):
 # How the C++ fast path (runtime/csrc/fast_path.cpp, FastKernel) passes each argument to the executable.
 FAST_TENSOR, FAST_SCALAR, FAST_TENSOR_LIST, FAST_SCALAR_LIST = 0, 1, 6, 7
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
-                "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "ScalarType": 3, "Layout": 4,
-                "MemoryFormat": 5}
+                "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "Scalar": 2, "ScalarType": 3, "Layout": 4,
+                "MemoryFormat": 5, "Device": 8}
 
 
 def _without_optional(type_name: str) -> str:
@@ -169,12 +169,12 @@ class OpCall:
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
         the Python kernel for every call (randomness, index checks, host range checks of traced
-        arguments (`in_range`), growing storages (`grows`: cat), a traced int[], a device argument,
-        lists of optional tensors, returns other than tensors and tensor lists)."""
+        arguments (`in_range`), growing storages (`grows`: cat), a traced int[], lists of optional
+        tensors, returns other than tensors and tensor lists)."""
         lowering = self.lowering
         arguments = self.op._schema.arguments
         if (self.random or lowering.index_probes is not None or lowering.grows is not None
-                or lowering.host_indices or "device" in self.sig.names or lowering.in_range is not None
+                or lowering.host_indices or lowering.in_range is not None
                 or any(str(arguments[i].type) != "List[Tensor]" for i in self.tensor_lists)
                 or any(str(arguments[i].type).startswith("List") for i in self.traced_static)):
             return None

@@ -38,7 +38,8 @@ TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
 namespace torch_pjrt {
 
 enum ArgKind : int {
-  kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5, kTensorList = 6, kScalarList = 7
+  kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5, kTensorList = 6, kScalarList = 7,
+  kDevice = 8  // a factory's device: a static argument that also says where the call runs
 };
 
 struct EagerHelpers {
@@ -158,7 +159,9 @@ class FastKernel : public c10::OperatorKernel {
              std::vector<int> kinds)
       : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
         slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
-        kinds_(std::move(kinds)), recorder_(recorded_) {}
+        kinds_(std::move(kinds)), recorder_(recorded_) {
+    for (int kind : kinds_) has_operands_ |= kind == kTensor || kind == kTensorList;
+  }
 
   // Calls served here (their executable run, or their call recorded) and calls that entered
   // the Python kernel; the GIL guards them. eager_stats()'s "paths" reads them.
@@ -179,7 +182,8 @@ class FastKernel : public c10::OperatorKernel {
         py::object value = operand(args[i], kinds_[i], device, fast, store_ && i == 0);
         if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
       }
-      if (!fast || device < 0) return slow(op, stack, n);
+      // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
+      if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
       result = call(args.data(), values, device);
       if (!result) return slow(op, stack, n);
     }
@@ -249,9 +253,24 @@ class FastKernel : public c10::OperatorKernel {
       if (!s) fast = false;
       return py::reinterpret_borrow<py::object>(s ? s : Py_None);
     }
+    if (kind == kDevice) return device_operand(v, device, fast);
     if (kind != kTensor) return static_value(v, kind);
     if (v.isNone()) return py::none();
     return tensor_operand(v.toTensor(), device, fast, written);
+  }
+
+  // The device argument as the executable keys on it (a torch.device, as the Python kernel
+  // passes it); a pjrt device other than the operands' is the Python kernel's to decide.
+  py::object device_operand(const c10::IValue& v, int& device, bool& fast) {
+    if (v.isNone()) return py::none();
+    c10::Device d = v.toDevice();
+    int index = d.has_index() ? d.index() : g_current_device;
+    if (d.type() != kPjrt || index >= g_device_count || (device >= 0 && device != index)) {
+      fast = false;
+      return py::none();
+    }
+    device = index;
+    return static_value(v, kStatic);
   }
 
   py::object tensor_operand(const at::Tensor& t, int& device, bool& fast, bool written) {
@@ -367,6 +386,7 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
+  bool has_operands_ = false;  // tensor operands say where the call runs; a factory's device argument alone
 
  public:
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls

@@ -110,6 +110,8 @@ bool static_key(const c10::IValue& v, std::vector<int64_t>& key) {
     auto list = v.toBoolList();
     key.insert(key.end(), {8, int64_t(list.size())});
     for (bool x : list) key.push_back(x);
+  } else if (v.isDevice()) {
+    key.insert(key.end(), {9, int64_t(v.toDevice().type()), v.toDevice().index()});
   } else {
     return false;
   }
