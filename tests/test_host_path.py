@@ -168,3 +168,6 @@ def test_factories_take_the_fast_path_on_their_device(mode):
         on_one = torch.arange(3.0, device="pjrt") + torch.scalar_tensor(1.0, device="pjrt:1")
     assert on_one.device == torch.device("pjrt", 1)
     assert torch.equal(on_one.cpu(), torch.arange(3.0) + 1)
+    moved = torch.full_like(made[2], 5, device="pjrt:1")  # another device than its operand's, as CUDA allows
+    assert moved.device == torch.device("pjrt", 1) and moved.dtype == torch.int16
+    assert torch.equal(moved.cpu(), torch.full((2, 3), 5, dtype=torch.int16))

@@ -126,6 +126,10 @@ class Kernel:
                 buf = storage.whole_buffer(t) if index >= 0 and (device is None or index == device) else None
                 if buf is not None:  # the hot path: a pjrt tensor that is exactly its buffer
                     values[i], device = buf, index
+                elif index >= 0 and device is not None and self.device_arg is not None:
+                    # zeros_like(x, device="pjrt:1") with x on pjrt:0: the device argument says
+                    # where the result goes, x gives its shape (CUDA's *_like allow it too)
+                    values[i] = storage.read_lazily(t.to(torch.device("pjrt", device)))
                 else:
                     values[i], device = _operand(op, names[i], t, device)
         for i in call.tensor_lists:
