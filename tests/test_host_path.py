@@ -91,15 +91,13 @@ def test_decode_step(mode):
 
 
 _PYTHON_KERNEL = "recorded by its Python kernel (above)"
-_LIST = "a tensor-list operand: the C++ recorder takes no lists yet"
 # what still goes through the Python recorder (fused.record) in fused mode, and why
 GPT_PYTHON_RECORDED = {
-    **{op: _LIST for op in ("aten::_foreach_add.Scalar", "aten::_foreach_addcdiv.ScalarList",
-                            "aten::_foreach_addcmul.Scalar", "aten::_foreach_div.ScalarList",
-                            "aten::_foreach_lerp.Scalar", "aten::_foreach_mul.Scalar", "aten::_foreach_mul.Tensor",
-                            "aten::_foreach_norm.Scalar", "aten::_foreach_sqrt", "aten::stack")},
     "aten::nll_loss_backward": "backward's first op reads the forward region's pending values, on the autograd "
                                "thread: fused.record runs that region first",
+    "aten::_foreach_norm.Scalar": "clip_grad_norm_'s first op reads the gradients, pending in the autograd "
+                                  "thread's region: fused.record runs that region first",
+    "aten::_foreach_mul.Tensor": "the functional op of _foreach_mul_.Tensor's Python kernel (above)",
     **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::embedding")},
     "index check": "the embedding's queued bounds check (index_checks.py)",
 }

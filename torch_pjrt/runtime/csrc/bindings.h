@@ -73,6 +73,7 @@ class CallRecorder {
     std::vector<py::object> constants;  // per operand: the signature's own value (a view's offset scalar), or null
   };
   bool view_key(PyObject* view);
+  bool operand_key(PyObject* leaf);
   struct KeyHash {
     size_t operator()(const std::vector<int64_t>& key) const;
   };

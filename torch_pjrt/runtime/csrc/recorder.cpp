@@ -186,6 +186,20 @@ bool CallRecorder::view_key(PyObject* view) {
   return true;
 }
 
+// One operand (None, a StridedView, an array or a Pending) as key words and leaves; false for
+// anything else (fused.record then).
+bool CallRecorder::operand_key(PyObject* leaf) {
+  if (leaf == Py_None) {  // an empty pytree: no leaf
+    key_.push_back(0);
+    return true;
+  }
+  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) return view_key(leaf);
+  if (!is_value(leaf)) return false;
+  key_.push_back(reinterpret_cast<intptr_t>(attr(leaf, g_rec.aval).ptr()));  // held by the signature
+  leaves_.push_back(leaf);
+  return true;
+}
+
 size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const {
   size_t h = key.size();
   for (int64_t w : key) h ^= std::hash<int64_t>()(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
@@ -208,17 +222,14 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
       continue;
     }
     PyObject* leaf = PyTuple_GET_ITEM(values, i);
-    if (leaf == Py_None) {
-      key_.push_back(0);
+    if (PyList_CheckExact(leaf)) {  // a tensor list or a scalar list: its items in order, as a pytree flattens them
+      const Py_ssize_t size = PyList_GET_SIZE(leaf);
+      key_.insert(key_.end(), {10, int64_t(size)});
+      for (Py_ssize_t k = 0; k < size; k++)
+        if (!operand_key(PyList_GET_ITEM(leaf, k))) return nullptr;
       continue;
     }
-    if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) {
-      if (!view_key(leaf)) return nullptr;
-      continue;
-    }
-    if (!is_value(leaf)) return nullptr;  // a list, another operand
-    key_.push_back(reinterpret_cast<intptr_t>(attr(leaf, g_rec.aval).ptr()));  // held by the signature
-    leaves_.push_back(leaf);
+    if (!operand_key(leaf)) return nullptr;
   }
   auto found = signatures_.find(key_);
   if (found == signatures_.end()) {
