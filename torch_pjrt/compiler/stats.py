@@ -11,6 +11,8 @@ import time
 
 import jax
 
+from ..runtime.executable_budget import BUILD_EVENT
+
 _lock = threading.Lock()
 _state: dict = {}
 _current = threading.local()  # the graph name whose executable is being built on this thread
@@ -18,7 +20,7 @@ _current = threading.local()  # the graph name whose executable is being built o
 _JAX_COMPILE_EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace_seconds",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_seconds",
-    "/jax/core/compile/backend_compile_duration": "xla_compile_seconds",
+    BUILD_EVENT: "xla_compile_seconds",
 }
 
 

@@ -17,6 +17,8 @@ import warnings
 import jax
 import jax.monitoring
 
+from ..runtime.executable_budget import BUILD_EVENT
+
 _lock = threading.Lock()
 _by_op: collections.Counter = collections.Counter()
 _last: dict = {}  # op -> the last traced signature, {argument: shape/dtype or static value}
@@ -29,7 +31,7 @@ _totals = {"compile_seconds": 0.0, "persistent_cache_hits": 0}
 
 
 def _on_duration(name: str, seconds: float, **_) -> None:
-    if name.endswith("backend_compile_duration"):
+    if name == BUILD_EVENT:
         _totals["compile_seconds"] += seconds
 
 

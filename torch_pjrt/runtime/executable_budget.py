@@ -51,8 +51,13 @@ def maps() -> int | None:
         return None
 
 
+# JAX's event for each executable built (compiled, or read from the persistent cache); every
+# counter of builds listens for this name.
+BUILD_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
 def _on_build(name: str, seconds: float, **_) -> None:
-    if not name.endswith("backend_compile_duration"):
+    if name != BUILD_EVENT:
         return
     _state["built"] += 1
     if _LIMIT is not None and _state["built"] % CHECK_EVERY == 0:

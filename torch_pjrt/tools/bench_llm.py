@@ -219,8 +219,10 @@ class XlaExecutables:
             return
         import jax.monitoring
 
+        from ..runtime.executable_budget import BUILD_EVENT
+
         def on_duration(name: str, seconds: float, **_) -> None:
-            if name == "/jax/core/compile/backend_compile_duration":
+            if name == BUILD_EVENT:
                 cls.count += 1
 
         jax.monitoring.register_event_duration_secs_listener(on_duration)
