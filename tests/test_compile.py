@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import torch_pjrt.compiler as pjrt_compile
 from torch_pjrt.compiler import compile_stats, reset_compile_stats
+from tests.checkout import cache_dir_with_runtime
 
 ATOL = RTOL = 1e-5
 
@@ -333,7 +334,7 @@ def test_persistent_cache_is_reused_by_a_second_process(tmp_path):
         f(torch.randn(16, 16, device="pjrt"))
         print("HITS", c.compile_stats()["persistent_cache_hits"])
     """)
-    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS="0",
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(cache_dir_with_runtime(tmp_path)), TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS="0",
                TORCH_PJRT_PLATFORM="cpu")
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
             for _ in range(2)]

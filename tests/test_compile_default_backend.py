@@ -19,6 +19,8 @@ import torch
 import torch_pjrt
 from torch_pjrt.compiler import compile_stats
 
+from tests.checkout import cache_dir_with_runtime
+
 TREE = Path(__file__).resolve().parents[1]
 
 
@@ -99,7 +101,7 @@ HF_GENERATE = textwrap.dedent("""
 
 def subprocess_env(tmp_path):
     return {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-            "TORCH_PJRT_CACHE_DIR": str(tmp_path / "xla"),
+            "TORCH_PJRT_CACHE_DIR": str(cache_dir_with_runtime(tmp_path / "xla")),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(TREE), os.environ.get("PYTHONPATH")]))}
 
 
