@@ -9,6 +9,9 @@ Both steps also compute what torch computes on the CPU, in both eager modes.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -16,6 +19,7 @@ import torch_pjrt
 from torch_pjrt.eager import paths
 from torch_pjrt.tools import demo_models as dm
 from torch_pjrt.tools.tiny_llama import Decoder
+from tests.checkout import environment
 
 WARMUP = 4  # a fused region's structure compiles at its second sight; the rest is steady
 
@@ -169,3 +173,20 @@ def test_factories_take_the_fast_path_on_their_device(mode):
     moved = torch.full_like(made[2], 5, device="pjrt:1")  # another device than its operand's, as CUDA allows
     assert moved.device == torch.device("pjrt", 1) and moved.dtype == torch.int16
     assert torch.equal(moved.cpu(), torch.full((2, 3), 5, dtype=torch.int16))
+
+
+LIKE_DEVICES = """
+import torch
+x = torch.ones(2, device="pjrt:1")
+print([str(t.device) for t in (torch.ones_like(x), torch.full_like(x, 3), torch.zeros_like(x, device="pjrt:0"))])
+"""
+
+
+def test_like_ops_follow_their_operand_or_device_argument_in_the_python_kernels_too():
+    """The Python kernels decide what the C++ kernel leaves to them: `ones_like(x)` on pjrt:1 stays
+    there (pjrt:0, the current device, was once returned), a device argument wins."""
+    run = subprocess.run([sys.executable, "-c", LIKE_DEVICES], capture_output=True, text=True, timeout=300,
+                         env=environment(TORCH_PJRT_EAGER_FAST_PATH="0", TORCH_PJRT_PLATFORM="cpu",
+                                         TORCH_PJRT_CPU_DEVICES="2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[-2] == "['pjrt:1', 'pjrt:1', 'pjrt:0']"

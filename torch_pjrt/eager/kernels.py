@@ -117,7 +117,9 @@ class Kernel:
     def _compute(self, args: tuple, kwargs: dict, grow: bool = False):
         call = self.call
         values = call.bind(args, kwargs)
-        device = _device_index(values[self.device_arg]) if self.device_arg is not None else None
+        # a factory's device argument, where given, says where the result goes; else its operands do
+        requested = values[self.device_arg] if self.device_arg is not None else None
+        device = _device_index(requested) if requested is not None else None
         names, op = self.sig.names, self.op
         for i in call.tensors:
             t = values[i]
@@ -126,7 +128,7 @@ class Kernel:
                 buf = storage.whole_buffer(t) if index >= 0 and (device is None or index == device) else None
                 if buf is not None:  # the hot path: a pjrt tensor that is exactly its buffer
                     values[i], device = buf, index
-                elif index >= 0 and device is not None and self.device_arg is not None:
+                elif index >= 0 and requested is not None:
                     # zeros_like(x, device="pjrt:1") with x on pjrt:0: the device argument says
                     # where the result goes, x gives its shape (CUDA's *_like allow it too)
                     values[i] = storage.read_lazily(t.to(torch.device("pjrt", device)))
