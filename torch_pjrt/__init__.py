@@ -124,7 +124,8 @@ def _after_import(name: str, callback) -> None:
 
             def exec_module(module):
                 run(module)
-                if self in sys.meta_path:
+                # a loader may serve other modules too (a zip's): only this one's import counts
+                if module.__name__ == name and self in sys.meta_path:
                     sys.meta_path.remove(self)
                     callback()
 
