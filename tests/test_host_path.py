@@ -175,6 +175,17 @@ def test_factories_take_the_fast_path_on_their_device(mode):
     assert torch.equal(moved.cpu(), torch.full((2, 3), 5, dtype=torch.int16))
 
 
+
+def test_a_factory_on_a_device_that_does_not_exist_raises_and_leaves_nothing_behind(mode):
+    """As the device guard says it, at the call; the next call of the thread is not affected
+    (a recorded call for the missing device once made it fail with JAX's IndexError)."""
+    for make in (lambda: torch.arange(3, device="pjrt:5"), lambda: torch.full((2,), 1.0, device="pjrt:7"),
+                 lambda: torch.ones_like(torch.ones(2, device="pjrt"), device="pjrt:9")):
+        with pytest.raises(IndexError, match=r"invalid device index \d; this process has 2 pjrt device"):
+            make()
+    assert torch.equal((torch.ones(2, device="pjrt") + 1).cpu(), torch.full((2,), 2.0))
+
+
 LIKE_DEVICES = """
 import torch
 x = torch.ones(2, device="pjrt:1")

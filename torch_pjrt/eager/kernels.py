@@ -43,7 +43,9 @@ def _device_index(device) -> int:
     if device is None:
         return _rt.current_device()
     device = torch.device(device)
-    return _rt.current_device() if device.index is None else device.index
+    # checked before anything is recorded: a region of a device that does not exist would fail
+    # the next call instead, with JAX's IndexError
+    return _rt.current_device() if device.index is None else _rt.checked_device(device.index)
 
 
 def _mismatch(op, a: str, b: str, arg: str):

@@ -206,5 +206,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("current_device", []() { return int(tp::g_current_device); });
   m.def("set_device", [](int d) { tp::g_current_device = tp::checked_index(d); });
   m.def("device_count", []() { return tp::g_device_count; });
+  // a device index checked as the device guard checks it (IndexError naming the count)
+  m.def("checked_device", [](int d) { return int(tp::checked_index(d)); });
   m.attr("torch_version") = TORCH_VERSION;
 }
