@@ -28,18 +28,22 @@ GPT_PYTHON_KERNELS = {
     "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
     "aten::_local_scalar_dense": "the loss read on the host (a sync point)",
     "aten::cat": "a growing storage's append (the `grows` trait)",
-    "aten::embedding": "index checks queued for the next sync (index probes)",
     "aten::_foreach_mul_.Tensor": "clip_grad_norm_ scales gradients that are views of their storage (a write "
                                   "through a view: the Python kernel checks overlaps)",
 }
 DECODE_PYTHON_KERNELS = {
     "aten::_to_copy": "the token read back to the host",
     "aten::cat": "a growing storage's append (the `grows` trait)",
-    "aten::embedding": "index checks queued for the next sync (index probes)",
-    "aten::index_select": "index checks queued for the next sync (index probes)",
-    "aten::index_copy_": "index checks queued for the next sync (index probes)",
     "aten::_scaled_dot_product_fused_attention_overrideable": "padded cache operands (`grows`) and int returns",
 }
+# The indexing ops of each step: op by op, their C++ kernels leave each call to the Python kernel,
+# which queues its index checks (in fused mode the C++ kernel records the op and its checks as one call).
+GPT_INDEXING = {"aten::embedding"}
+DECODE_INDEXING = {"aten::embedding", "aten::index_select", "aten::index_copy_"}
+
+
+def _expected(python_kernels: dict, indexing: set, mode: str) -> set:
+    return set(python_kernels) | (indexing if mode == "op" else set())
 
 
 @pytest.fixture(params=["fused", "op"])
@@ -76,7 +80,7 @@ def test_gpt_training_step(mode):
     counts, losses = _steady(lambda: float(next(pjrt)))
     expected = [float(next(cpu)) for _ in losses]
     assert losses == pytest.approx(expected, rel=1e-4)
-    assert _python_kernels(counts) == set(GPT_PYTHON_KERNELS), counts
+    assert _python_kernels(counts) == _expected(GPT_PYTHON_KERNELS, GPT_INDEXING, mode), counts
     assert sum(c["fast"] for c in counts.values()) > 100  # the rest of the step: C++ kernels
     if mode == "op":
         assert _python_recorded(counts) == 0
@@ -88,7 +92,7 @@ def test_decode_step(mode):
     expected = [cpu.step() for _ in logits]
     torch.testing.assert_close(torch.stack(logits), torch.stack(expected), rtol=1e-4, atol=1e-4)
     assert torch.equal(pjrt.token.cpu(), cpu.token)
-    assert _python_kernels(counts) == set(DECODE_PYTHON_KERNELS), counts
+    assert _python_kernels(counts) == _expected(DECODE_PYTHON_KERNELS, DECODE_INDEXING, mode), counts
     assert sum(c["fast"] for c in counts.values()) > 100
     if mode == "op":
         assert _python_recorded(counts) == 0
@@ -102,14 +106,10 @@ GPT_PYTHON_RECORDED = {
     "aten::_foreach_norm.Scalar": "clip_grad_norm_'s first op reads the gradients, pending in the autograd "
                                   "thread's region: fused.record runs that region first",
     "aten::_foreach_mul.Tensor": "the functional op of _foreach_mul_.Tensor's Python kernel (above)",
-    **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::embedding")},
-    "index check": "the embedding's queued bounds check (index_checks.py)",
+    "aten::cat": _PYTHON_KERNEL,
 }
 DECODE_PYTHON_RECORDED = {
-    **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::embedding", "aten::index_select",
-                                     "aten::_scaled_dot_product_fused_attention_overrideable")},
-    "aten::index_copy": "index_copy_'s Python kernel records its functional op",
-    "index check": "queued bounds checks of embedding, index_select and index_copy_ (index_checks.py)",
+    **{op: _PYTHON_KERNEL for op in ("aten::cat", "aten::_scaled_dot_product_fused_attention_overrideable")},
 }
 
 
@@ -201,3 +201,25 @@ def test_like_ops_follow_their_operand_or_device_argument_in_the_python_kernels_
                                          TORCH_PJRT_CPU_DEVICES="2"))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[-2] == "['pjrt:1', 'pjrt:1', 'pjrt:0']"
+
+
+def test_indexing_ops_queue_their_checks_from_cpp(mode):
+    """In fused mode an indexing op's C++ kernel records the op with its bounds checks folded in
+    (index_checks.folded) and queues them: good calls give CPU's values, and a bad index of a
+    steady signature raises CPU's error at the next sync, naming the op, on another device too."""
+    for device in ("pjrt:0", "pjrt:1"):
+        table = torch.arange(15.0).reshape(5, 3)
+        x, cache, expected = table.to(device), torch.zeros(5, 3, device=device), torch.zeros(5, 3)
+        for rows in ([0, 2], [4, 1], [3, 3]):  # the same signature each time: recorded in C++ from the second
+            index = torch.tensor(rows, device=device)
+            cache.index_copy_(0, index, torch.index_select(x, 0, index) + torch.nn.functional.embedding(index, x))
+            expected.index_copy_(0, torch.tensor(rows), 2 * torch.index_select(table, 0, torch.tensor(rows)))
+        torch.testing.assert_close(cache.cpu(), expected)
+        torch_pjrt.reset_eager_stats()
+        cache.index_copy_(0, torch.tensor([1, 9], device=device), x[:2])
+        counts = torch_pjrt.eager_stats()["paths"]["aten::index_copy_"]
+        served_in_cpp = (1, 0, 1) if mode == "fused" else (0, 1, 0)
+        assert (counts["fast"], counts["python_kernel"], counts["cpp_recorder"]) == served_in_cpp, counts
+        with pytest.raises(IndexError, match=r"index_copy_\(\): index 9 is out of bounds for dimension 0 with size 5"
+                                             r"\n\(an earlier call of aten.index_copy"):
+            cache.cpu()

@@ -87,6 +87,10 @@ class Kernel:
         self.sig = call.sig
         self.executable = call.executable(traced=_traced_call)
         self.run = Recordable(self.executable, call.static, name=errors.op_label(self.op), jit=lowering.jit)
+        # an indexing op's bounds checks run in its own call (runtime/index_checks.py)
+        self.checked = None if lowering.index_probes is None else Recordable(
+            _checked_executable(call, self.executable), call.static, name=errors.op_label(self.op),
+            jit=lowering.jit, describe=functools.partial(bounds.describe, lowering.index_probes, self.op))
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.index_probes = lowering.index_probes
         self.host_indices = lowering.host_indices
@@ -148,8 +152,6 @@ class Kernel:
                 values[i] = arrays
         if device is None:
             device = _rt.current_device()
-        if self.index_probes is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
-            bounds.check(op, self.index_probes, values, device)
         if call.traced_static:  # the values the meta check sees if this call traces an executable
             _concrete[call] = {i: values[i] for i in call.traced_static}
         seed = None
@@ -161,6 +163,8 @@ class Kernel:
         call.prepare(values, seed)
         if device != 0 and not (call.tensors or call.tensor_lists):  # factories say where; computations follow inputs
             return self.run.on(device, tuple(values)), device
+        if self.checked is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
+            return bounds.run_checked(self.checked, self.index_probes, op, values, device), device
         result = self.run(*values)
         if growth is not None and growth.length is not None and grow:
             if padded:
@@ -196,6 +200,15 @@ class Kernel:
                     self._int_values.clear()
                 self._int_values[key] = values
         return values
+
+
+def _checked_executable(call: OpCall, executable):
+    """The op's executable with its index checks folded in (index_checks.folded), jitted like it."""
+    lowering = call.lowering
+    if lowering.grows is not None:
+        raise TypeError(f"{call.op}: an op whose storage grows cannot check indices (its entry says both)")
+    checked = bounds.folded(executable, lowering.index_probes)
+    return jax.jit(checked, static_argnums=call.static, keep_unused=True) if lowering.jit else checked
 
 
 def _geometry(values):
@@ -520,6 +533,8 @@ def register(special: dict) -> None:
                           fused.record, Pending, TORCH_TO_JAX)
     _rt.set_recorder_helpers(fused.current_region, fused.call_signature, fused.end_region, fused._lock, fused._open,
                              Pending, _ARRAY, storage.StridedView, fused, fused._devices_are_one())
+    _rt.set_index_check_helpers(bounds._lock, bounds._seen, bounds._queued, bounds._nothing_seen,
+                                bounds.raise_pending, bounds._MAX_QUEUED)
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)
@@ -544,7 +559,9 @@ def _install(op, kernel) -> None:
         _rt.register_clone_kernel(storage._read_view.fn, storage._read_view, kernel)
     elif kinds is not None and not FAST_PATH_DISABLED:
         functional = kernel if store is None else kernel.functional
-        _rt.register_fast_kernel(namespace, _name(op), functional.executable, functional.run, kernel, store, kinds)
+        checked = functional.checked is not None  # its calls record the checked executable, and queue its checks
+        _rt.register_fast_kernel(namespace, _name(op), functional.executable,
+                                 functional.checked if checked else functional.run, kernel, store, kinds, checked)
     else:
         if namespace not in _LIBRARIES:
             _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")

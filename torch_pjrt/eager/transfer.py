@@ -10,7 +10,7 @@ import functools
 import jax
 import torch
 
-from ..runtime import index_checks as bounds, platform, storage
+from ..runtime import fused, index_checks as bounds, platform, storage
 from ..runtime.fused import Recordable
 from ..dtypes import astype, to_jax
 from . import errors
@@ -110,8 +110,9 @@ def clone(self: torch.Tensor, memory_format=None) -> torch.Tensor:
 
 
 def local_scalar_dense(self: torch.Tensor):
+    value = storage.read_deferred(self)  # a view's read joins the region computing its storage: one run
     bounds.raise_pending()  # a host sync, as download's
-    return storage.read(self).item()
+    return fused.concrete(value).item()
 
 
 def kernels() -> dict:

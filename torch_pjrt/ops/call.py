@@ -168,12 +168,12 @@ class OpCall:
 
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
-        the Python kernel for every call (randomness, index checks, host range checks of traced
+        the Python kernel for every call (randomness, host range checks of traced
         arguments (`in_range`), growing storages (`grows`: cat), a traced int[], lists of optional
         tensors, returns other than tensors and tensor lists)."""
         lowering = self.lowering
         arguments = self.op._schema.arguments
-        if (self.random or lowering.index_probes is not None or lowering.grows is not None
+        if (self.random or lowering.grows is not None
                 or lowering.host_indices or lowering.in_range is not None
                 or any(str(arguments[i].type) != "List[Tensor]" for i in self.tensor_lists)
                 or any(str(arguments[i].type).startswith("List") for i in self.traced_static)):

@@ -93,12 +93,15 @@ class Recordable:
     """A jitted function eager calls go through: run now (op by op), or recorded into the region.
     `static`: its static argument positions (as given to jax.jit); `jit=False`: a function
     whose output shape depends on data, which runs at once on arrays (a sync point);
-    `device`: where a function without array operands puts its outputs (fresh memory)."""
+    `device`: where a function without array operands puts its outputs (fresh memory);
+    `describe(args)`: what the C++ recorder keeps per call signature for its kernel (an
+    indexing op's exception factories, index_checks.describe)."""
 
-    __slots__ = ("fn", "static", "name", "jit", "device", "__weakref__")
+    __slots__ = ("fn", "static", "name", "jit", "device", "describe", "__weakref__")
 
-    def __init__(self, fn, static: tuple = (), name: str | None = None, jit: bool = True, device: int | None = None):
-        self.fn, self.static, self.jit, self.device = fn, tuple(static), jit, device
+    def __init__(self, fn, static: tuple = (), name: str | None = None, jit: bool = True, device: int | None = None,
+                 describe=None):
+        self.fn, self.static, self.jit, self.device, self.describe = fn, tuple(static), jit, device, describe
         self.name = name or getattr(fn, "__name__", repr(fn))
 
     def __call__(self, *args):
@@ -276,7 +279,7 @@ def _split(rec: Recordable, args: tuple):
 def call_signature(rec: Recordable, args: tuple):
     """What the C++ recorder (runtime/csrc/recorder.cpp) keeps of a call signature it records:
     (call id, the dynamic arguments' treedef, the static arguments, the outputs' treedef, their
-    avals, the dynamic arguments' leaves), as `record` computes them (tracing the call on first sight: raises what it raises).
+    avals, the dynamic arguments' leaves, rec.describe(args)), as `record` computes them (tracing the call on first sight: raises what it raises).
     None for a call it must leave to `record` (a data-dependent function, a leaf that is not an
     array or a Pending of this thread's region)."""
     if not rec.jit:
@@ -290,7 +293,8 @@ def call_signature(rec: Recordable, args: tuple):
     if shape is None:
         shape = _shape_of(rec, args, leaves, treedef, avals, key)
     call_id, out_treedef, out_avals = shape
-    return call_id, treedef, statics, out_treedef, out_avals, leaves
+    description = rec.describe(args) if rec.describe is not None else None
+    return call_id, treedef, statics, out_treedef, out_avals, leaves, description
 
 
 def current_region() -> Region:

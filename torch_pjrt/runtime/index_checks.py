@@ -29,23 +29,49 @@ from . import fused, platform
 from ..dtypes import is_index_dtype
 
 
-@functools.lru_cache(None)
-def _first_out_of_range(negative_ok: bool):
-    """jit(index, size, seen) -> (seen or any out of range, any out of range, position of
-    the first such index, its value); `seen` (an earlier check's first output, or `_nothing_seen`)
-    folds the queued checks into one flag. The size is static: a Python int argument
-    would be a host-to-device copy per call."""
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _first_out_of_range(index, size: int, negative_ok: bool, seen):
+    """(seen or any out of range, any out of range, position of the first such index, its
+    value); `seen` (an earlier check's first output, or `_nothing_seen`) folds the queued
+    checks into one flag. Inlined into the checked call's executable (see `folded`); its own
+    executable after a data-dependent op, which runs at once."""
+    if hasattr(index, "resolve"):  # a strided view: resolved here, not op by op
+        index = index.resolve()
+    flat = index.reshape(-1).astype(jnp.int64)
+    bad = (flat >= size) | (flat < (-size if negative_ok else 0))
+    position = jnp.argmax(bad)
+    found = jnp.any(bad)
+    return seen | found, found, position, flat[position]
 
-    def find(index, size, seen):
-        if hasattr(index, "resolve"):  # a strided view: resolved here, not op by op
-            index = index.resolve()
-        flat = index.reshape(-1).astype(jnp.int64)
-        bad = (flat >= size) | (flat < (-size if negative_ok else 0))
-        position = jnp.argmax(bad)
-        found = jnp.any(bad)
-        return seen | found, found, position, flat[position]
 
-    return fused.Recordable(jax.jit(find, static_argnums=1), static=(1,), name="index check")
+def _probes_with_data(probes: Callable[[list], Iterator[tuple]], values) -> list:
+    """The probes of a call that check something: index tensors (not masks) with elements. A
+    function of the values' shapes, dtypes and static values only: a call signature has one list."""
+    return [probe for probe in probes(list(values)) if probe[0] is not None and is_index_dtype(probe[0].dtype)
+            and math.prod(probe[0].shape) != 0]
+
+
+def folded(executable: Callable, probes: Callable[[list], Iterator[tuple]]) -> Callable:
+    """`executable(*values)` with the call's bounds checks in the same function:
+    f(*values, seen) -> (result, seen', ((found, position, value) per probe)). One call then
+    serves the op and its checks, recorded or run, from the Python kernel or the C++ one."""
+
+    def checked(*values_and_seen):
+        *values, seen = values_and_seen
+        result = executable(*values)
+        found = []
+        for index, size, negative_ok, _ in _probes_with_data(probes, values):
+            seen, *first = _first_out_of_range(index, size, negative_ok, seen)
+            found.append(tuple(first))
+        return result, seen, tuple(found)
+
+    return checked
+
+
+def describe(probes: Callable[[list], Iterator[tuple]], op, values) -> tuple:
+    """(exception factory, op) per probe of a `folded` call on `values` (the seen flag last):
+    what the queue keeps beside each probe's findings. The C++ kernel asks once per call signature."""
+    return tuple((probe[3], op) for probe in _probes_with_data(probes, values[:-1]))
 
 
 @functools.lru_cache(None)
@@ -61,24 +87,27 @@ _seen: dict[int, jax.Array] = {}  # per device: whether any of its queued checks
 _MAX_QUEUED = 4096  # then they are read, so the queue stays small in loops that never sync
 
 
-def check(op, probes: Callable[[list], Iterator[tuple]], values: list, device: int) -> None:
-    """Check an eager call's index tensors on `device` (the op entry's `index_probes` say
-    which): queue the checks, or raise now when synchronous."""
-    synchronous = os.environ.get("TORCH_PJRT_SYNC_INDEX_CHECKS", "0") not in ("", "0")
-    for index, size, negative_ok, error in probes(values):
-        if index is None or not is_index_dtype(index.dtype) or math.prod(index.shape) == 0:
-            continue
-        find = _first_out_of_range(negative_ok)
-        if synchronous:
-            _raise_first([(*find(index, size, _nothing_seen(device))[1:], error, None)])
-            continue
-        with _lock:
-            seen = _seen.get(device)
-            seen, *found = find(index, size, _nothing_seen(device) if seen is None else seen)
-            _seen[device] = seen
-            _queued.append((*found, error, op))
+def synchronous() -> bool:
+    """TORCH_PJRT_SYNC_INDEX_CHECKS=1: each check is read at its call (read per call: a test may set it)."""
+    return os.environ.get("TORCH_PJRT_SYNC_INDEX_CHECKS", "0") not in ("", "0")
+
+
+def run_checked(checked: Callable, probes: Callable[[list], Iterator[tuple]], op, values: list, device: int):
+    """Call `checked` (a `folded` executable, maybe recorded) on an eager call's prepared
+    `values` on `device`: queue its checks, or raise now when synchronous. Its result."""
+    errors = describe(probes, op, [*values, None])
+    if synchronous():
+        result, _, found = checked(*values, _nothing_seen(device))
+        _raise_first([(*first, error, None) for first, (error, _) in zip(found, errors)])
+        return result
+    with _lock:
+        seen = _seen.get(device)
+        result, seen, found = checked(*values, _nothing_seen(device) if seen is None else seen)
+        _seen[device] = seen
+        _queued.extend((*first, error, call) for first, (error, call) in zip(found, errors))
     if len(_queued) > _MAX_QUEUED:
         raise_pending()
+    return result
 
 
 def mark() -> tuple:

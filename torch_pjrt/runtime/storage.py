@@ -657,9 +657,10 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
 
 def download(t: torch.Tensor) -> torch.Tensor:
     """A pjrt tensor's value as a new host tensor (a host sync: queued index checks raise)."""
+    padded = _rt.whole_buffer(t)
+    value = None if isinstance(padded, Padded) else read_deferred(t)  # a view's read joins the region: one run
     fused.flush("host read")
     bounds.raise_pending()
-    padded = _rt.whole_buffer(t)
-    if isinstance(padded, Padded):
+    if value is None:
         return from_numpy(padded.to_host())
-    return from_numpy(np.asarray(read(t)))
+    return from_numpy(np.asarray(fused.concrete(value)))

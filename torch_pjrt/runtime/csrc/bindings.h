@@ -54,6 +54,16 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
                           py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
                           py::object strided_view_type, py::object fused, bool single_device);
 
+// A Python lock (threading.Lock or RLock) held for a scope, released with a pending error kept.
+class PyLockGuard {
+ public:
+  explicit PyLockGuard(PyObject* lock);
+  ~PyLockGuard();
+
+ private:
+  PyObject* lock_;
+};
+
 // One fast kernel's recorder: the call signatures it has recorded (fused.call_signature's answers).
 class CallRecorder {
  public:
@@ -62,6 +72,8 @@ class CallRecorder {
   // thread's region: its outputs (a Pending, or their pytree), a new reference. nullptr where
   // fused.record must record the call instead: with an error set, the call's own error.
   PyObject* record(const c10::IValue* args, PyObject* values, int device);
+  // The recordable's description (Recordable.describe) of the signature record() last recorded, borrowed.
+  PyObject* description() const { return description_; }
   int64_t recorded = 0;  // calls recorded here
 
  private:
@@ -71,6 +83,7 @@ class CallRecorder {
     std::vector<py::object> held;  // the operand avals whose addresses the key holds
     std::vector<bool> scalar;      // per operand: a 0-d array (an input of its own)
     std::vector<py::object> constants;  // per operand: the signature's own value (a view's offset scalar), or null
+    py::object description;  // Recordable.describe(args) on first sight (None without one)
   };
   bool view_key(PyObject* view);
   bool operand_key(PyObject* leaf);
@@ -84,19 +97,24 @@ class CallRecorder {
       *new std::unordered_map<std::vector<int64_t>, Signature, KeyHash>();
   std::vector<int64_t> key_;      // scratch
   std::vector<PyObject*> leaves_;  // scratch: the call's operands (arrays and Pendings; null: a constant)
+  PyObject* description_ = Py_None;
 };
 
 // ---- fast_path.cpp ----
 void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::object record, py::object array_type,
                        py::object strided_view, py::object record_call, py::object pending_type,
                        py::dict torch_to_jax);
+// index_checks.py's queue, seen flags, their lock, _nothing_seen, raise_pending and the queue's bound:
+// a checked fast kernel (an indexing op) queues its call's checks as index_checks.run_checked does.
+void set_index_check_helpers(py::object lock, py::dict seen, py::list queued, py::object nothing_seen,
+                             py::object raise_pending, Py_ssize_t max_queued);
 void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead of running their executable
 // Self's storage takes `result` (an array or a Pending) as its buffer when it is exactly self's
 // new value (self is its whole storage, same shape and dtype); false, and nothing done, otherwise.
 bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
-                          py::object slow, py::object store, std::vector<int> kinds);
+                          py::object slow, py::object store, std::vector<int> kinds, bool checked);
 // aten::clone's C++ kernel (CloneKernel): `read_view` (its fused.Recordable `recorded_read_view`)
 // reads a view; `slow` (transfer.clone) serves the other calls.
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow);

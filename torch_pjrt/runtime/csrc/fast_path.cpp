@@ -22,6 +22,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -53,6 +54,22 @@ struct EagerHelpers {
 };
 static EagerHelpers g_eager;
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
+
+struct IndexCheckHelpers {  // runtime/index_checks.py
+  PyObject* lock = nullptr;           // _lock
+  PyObject* seen = nullptr;           // _seen: device -> flag (a dict)
+  PyObject* queued = nullptr;         // _queued (a list)
+  PyObject* nothing_seen = nullptr;   // _nothing_seen(device)
+  PyObject* raise_pending = nullptr;  // raise_pending()
+  Py_ssize_t max_queued = 0;
+};
+static IndexCheckHelpers g_checks;
+
+// TORCH_PJRT_SYNC_INDEX_CHECKS (index_checks.synchronous), read per call as Python reads it
+static bool synchronous_index_checks() {
+  const char* v = std::getenv("TORCH_PJRT_SYNC_INDEX_CHECKS");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
 
 static py::tuple int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
@@ -155,11 +172,13 @@ class FastKernel : public c10::OperatorKernel {
   // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
   // `store` is None for a functional op; for an in-place op (self first), the Python
   // function that writes a result into self when it is not simply self's new buffer.
+  // `checked`: an indexing op whose `recorded` is its executable with the index checks folded in
+  // (index_checks.folded): its calls are recorded here only, and queue their checks.
   FastKernel(std::string name, py::object run, py::object recorded, py::object slow, py::object store,
-             std::vector<int> kinds)
+             std::vector<int> kinds, bool checked = false)
       : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
         slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
-        kinds_(std::move(kinds)), recorder_(recorded_) {
+        kinds_(std::move(kinds)), checked_(checked), recorder_(recorded_) {
     for (int kind : kinds_) has_operands_ |= kind == kTensor || kind == kTensorList;
   }
 
@@ -209,6 +228,7 @@ class FastKernel : public c10::OperatorKernel {
   // can, else by fused.record); a null object when the call failed: the Python kernel runs it
   // again and raises what CPU torch raises (errors.py).
   py::object call(const c10::IValue* args, const py::tuple& values, int device) {
+    if (checked_) return call_checked(args, values, device);
     PyObject* out;
     if (g_fused && !at::globalContext().deterministicAlgorithms()) {  // Recordable.__call__'s test
       out = recorder_.record(args, values.ptr(), device);
@@ -223,6 +243,65 @@ class FastKernel : public c10::OperatorKernel {
     }
     fast_calls_++;
     return py::reinterpret_steal<py::object>(out);
+  }
+
+  // An indexing op's call with its bounds checks, as index_checks.run_checked makes it: recorded
+  // with the device's seen flag as its last operand; the new flag and each probe's findings
+  // (found, position, value) go to the queue beside the exception factory and op its signature's
+  // description names. Op by op, deterministic mode and synchronous checks take the Python kernel.
+  py::object call_checked(const c10::IValue* args, const py::tuple& values, int device) {
+    if (!g_fused || at::globalContext().deterministicAlgorithms() || synchronous_index_checks()) return py::object();
+    py::object result;
+    bool over_bound;
+    {
+      PyLockGuard lock(g_checks.lock);
+      py::object device_key = py::int_(device);
+      PyObject* seen = PyDict_GetItemWithError(g_checks.seen, device_key.ptr());  // borrowed
+      py::object flag;
+      if (seen) {
+        flag = py::reinterpret_borrow<py::object>(seen);
+      } else {
+        if (PyErr_Occurred()) throw python_error();
+        PyObject* nothing = PyObject_CallOneArg(g_checks.nothing_seen, device_key.ptr());
+        if (!nothing) throw python_error();
+        flag = py::reinterpret_steal<py::object>(nothing);
+      }
+      const Py_ssize_t n = PyTuple_GET_SIZE(values.ptr());
+      py::tuple operands(n + 1);
+      for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(operands.ptr(), i, py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(values.ptr(), i)).release().ptr());
+      PyTuple_SET_ITEM(operands.ptr(), n, flag.release().ptr());
+      PyObject* out = recorder_.record(args, operands.ptr(), device);
+      if (!out) {  // a call the recorder leaves to Python, or the call's own error: the Python kernel
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+        PyErr_Clear();
+        return py::object();
+      }
+      result = py::reinterpret_steal<py::object>(out);
+      PyObject* errors = recorder_.description();
+      TORCH_CHECK(PyTuple_Check(result.ptr()) && PyTuple_GET_SIZE(result.ptr()) == 3 && PyTuple_Check(errors),
+                  "pjrt: ", name_, "'s checked call returned no (result, seen, findings)");
+      PyObject* findings = PyTuple_GET_ITEM(result.ptr(), 2);
+      TORCH_CHECK(PyTuple_GET_SIZE(findings) == PyTuple_GET_SIZE(errors), "pjrt: ", name_,
+                  "'s index checks and their description disagree");
+      if (PyDict_SetItem(g_checks.seen, device_key.ptr(), PyTuple_GET_ITEM(result.ptr(), 1)) < 0) throw python_error();
+      for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(findings); k++) {
+        PyObject* found = PyTuple_GET_ITEM(findings, k);    // (found, position, value)
+        PyObject* error = PyTuple_GET_ITEM(errors, k);      // (exception factory, op)
+        py::tuple entry = py::make_tuple(py::handle(PyTuple_GET_ITEM(found, 0)), py::handle(PyTuple_GET_ITEM(found, 1)),
+                                         py::handle(PyTuple_GET_ITEM(found, 2)), py::handle(PyTuple_GET_ITEM(error, 0)),
+                                         py::handle(PyTuple_GET_ITEM(error, 1)));
+        if (PyList_Append(g_checks.queued, entry.ptr()) < 0) throw python_error();
+      }
+      over_bound = PyList_GET_SIZE(g_checks.queued) > g_checks.max_queued;
+    }
+    if (over_bound) {  // after the lock, which raise_pending takes
+      PyObject* r = PyObject_CallNoArgs(g_checks.raise_pending);
+      if (!r) throw python_error();
+      Py_DECREF(r);
+    }
+    fast_calls_++;
+    return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(result.ptr(), 0));
   }
 
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
@@ -386,6 +465,7 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
+  bool checked_;  // an indexing op: its calls queue index checks (call_checked)
   bool has_operands_ = false;  // tensor operands say where the call runs; a factory's device argument alone
 
  public:
@@ -445,6 +525,12 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
 
 void set_fused(bool fused) { g_fused = fused; }
 
+void set_index_check_helpers(py::object lock, py::dict seen, py::list queued, py::object nothing_seen,
+                             py::object raise_pending, Py_ssize_t max_queued) {
+  g_checks = {lock.release().ptr(), seen.release().ptr(), queued.release().ptr(), nothing_seen.release().ptr(),
+              raise_pending.release().ptr(), max_queued};
+}
+
 // Register `kernel` as the PrivateUse1 kernel of `ns`::`name` (e.g. "aten", "add.Tensor").
 template <typename Kernel>
 static void register_kernel(const std::string& ns, const std::string& name, std::unique_ptr<Kernel> kernel) {
@@ -458,8 +544,9 @@ static void register_kernel(const std::string& ns, const std::string& name, std:
 }
 
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
-                          py::object slow, py::object store, std::vector<int> kinds) {
-  register_kernel(ns, name, std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds)));
+                          py::object slow, py::object store, std::vector<int> kinds, bool checked) {
+  register_kernel(ns, name,
+                  std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds), checked));
 }
 
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow) {

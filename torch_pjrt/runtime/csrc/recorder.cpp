@@ -34,7 +34,7 @@ struct RecorderHelpers {
   bool single_device = true;           // fused._devices_are_one(): regions keep no device
   // interned attribute names
   PyObject *calls, *structure, *inputs, *input_index, *outputs, *device, *ran, *aval, *value, *region, *slot, *shape,
-      *static_, *max_ops, *acquire, *release, *geometry, *buffer, *max_calls;
+      *static_, *max_ops, *geometry, *buffer, *max_calls;
 };
 RecorderHelpers g_rec;
 bool g_ready = false;
@@ -118,24 +118,23 @@ bool static_key(const c10::IValue& v, std::vector<int64_t>& key) {
   return true;
 }
 
-// fused._lock held for the scope (regions are shared with threads that run them).
-struct LockGuard {
-  LockGuard() { call(g_rec.acquire); }
-  ~LockGuard() {
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);  // release with a pending error kept
-    PyObject* r = PyObject_CallMethodNoArgs(g_rec.lock, g_rec.release);
-    Py_XDECREF(r);
-    PyErr_Restore(type, value, trace);
-  }
-  static void call(PyObject* method) {
-    PyObject* r = PyObject_CallMethodNoArgs(g_rec.lock, method);
-    if (!r) throw python_error();
-    Py_DECREF(r);
-  }
-};
-
 }  // namespace
+
+PyLockGuard::PyLockGuard(PyObject* lock) : lock_(lock) {
+  static PyObject* acquire = PyUnicode_InternFromString("acquire");
+  PyObject* r = PyObject_CallMethodNoArgs(lock_, acquire);
+  if (!r) throw python_error();
+  Py_DECREF(r);
+}
+
+PyLockGuard::~PyLockGuard() {
+  static PyObject* release = PyUnicode_InternFromString("release");
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);  // release with a pending error kept
+  PyObject* r = PyObject_CallMethodNoArgs(lock_, release);
+  Py_XDECREF(r);
+  PyErr_Restore(type, value, trace);
+}
 
 py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*, PyObject*>> slots) {
   auto* t = reinterpret_cast<PyTypeObject*>(type);
@@ -160,7 +159,7 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
            array_type.release().ptr(), strided_view_type.release().ptr(), fused.release().ptr(), single_device,
            name("calls"), name("structure"), name("inputs"), name("input_index"), name("outputs"), name("device"),
            name("ran"), name("aval"), name("value"), name("region"), name("slot"), name("shape"), name("static"),
-           name("max ops"), name("acquire"), name("release"), name("_geometry"), name("buffer"), name("MAX_CALLS")};
+           name("max ops"), name("_geometry"), name("buffer"), name("MAX_CALLS")};
   g_ready = true;
 }
 
@@ -253,11 +252,13 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
       s.held.push_back(std::move(aval));
       s.constants.push_back(leaves_[j] ? py::object() : leaf);
     }
+    s.description = signature[py::int_(6)];
     found = signatures_.emplace(key_, std::move(s)).first;
   }
   const Signature& s = found->second;
+  description_ = s.description.ptr();
 
-  LockGuard lock;
+  PyLockGuard lock(g_rec.lock);  // fused._lock: regions are shared with threads that run them
   PyObject* region = current_region();
   py::object calls = attr(region, g_rec.calls);
   const Py_ssize_t recorded_calls = PyList_GET_SIZE(calls.ptr());
