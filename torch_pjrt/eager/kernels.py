@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,15 @@ def _wrap(result, device: int):
     return result
 
 
+class SignatureTraits(NamedTuple):
+    """What a C++ kernel needs besides the call itself, the same for every call of one signature
+    (shapes, dtypes, view geometry, static arguments): the recorder asks once (Recordable.describe)."""
+
+    checks: tuple  # (exception factory, op) per index probe (index_checks.errors_of)
+    appends: bool  # the result is an append's exact result: its storage grows if appended to again
+    ints: tuple  # the op's int returns, in order (from its meta kernel)
+
+
 class Kernel:
     """The PrivateUse1 kernel of one functional overload."""
 
@@ -86,23 +96,36 @@ class Kernel:
         self.call = call = OpCall.of(lowering)
         self.sig = call.sig
         self.executable = call.executable(traced=_traced_call)
-        self.run = Recordable(self.executable, call.static, name=errors.op_label(self.op), jit=lowering.jit)
-        # an indexing op's bounds checks run in its own call (runtime/index_checks.py)
-        self.checked = None if lowering.index_probes is None else Recordable(
-            _checked_executable(call, self.executable), call.static, name=errors.op_label(self.op),
-            jit=lowering.jit, describe=functools.partial(bounds.describe, lowering.index_probes, self.op))
-        self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.index_probes = lowering.index_probes
-        self.host_indices = lowering.host_indices
-        self.in_range = lowering.in_range
         # int returns (SDPA's max_q, max_k): an executable's outputs are arrays, and torch would
         # read each back with .item(), a host sync; the op's meta kernel gives them on the host
         self.int_returns = [i for i, r in enumerate(self.op._schema.returns) if str(r.type) in ("int", "SymInt")]
         self._int_values: dict = {}  # the arguments' geometry -> the int returns (see int_values)
+        # a kernel whose C++ path needs more than the call: SignatureTraits per signature
+        self.described = bool(self.index_probes is not None or lowering.grows is not None or self.int_returns)
+        describe = self.describe if self.described else None
+        self.run = Recordable(self.executable, call.static, name=errors.op_label(self.op), jit=lowering.jit,
+                              describe=describe)
+        # an indexing op's bounds checks run in its own call (runtime/index_checks.py)
+        self.checked = None if self.index_probes is None else Recordable(
+            _checked_executable(call, self.executable), call.static, name=errors.op_label(self.op),
+            jit=lowering.jit, describe=lambda values: describe(values[:-1]))  # the seen flag comes last
+        self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
+        self.host_indices = lowering.host_indices
+        self.in_range = lowering.in_range
+
+    def describe(self, values) -> SignatureTraits:
+        """The traits of a call of the op's executable on prepared `values` (see SignatureTraits)."""
+        values = list(values[:len(self.sig.names)])
+        checks = bounds.errors_of(self.index_probes, self.op, values) if self.index_probes is not None else ()
+        growth = self.lowering.grows(values) if self.lowering.grows is not None else None
+        ints = self.int_values(*self.sig.split(_meta_of(values))) if self.int_returns else ()
+        return SignatureTraits(checks, growth is not None and growth.length is not None, tuple(ints))
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
-        """(raw JAX result, device index) for a dispatcher call. grow: the result may be a
-        storage.Padded (a functional call of an op whose entry grows: ops/growth.py)."""
+        """(raw JAX result, device index, whether it is an append's exact result) for a dispatcher
+        call. grow: the result may be a storage.Padded (a functional call of an op whose entry
+        grows: ops/growth.py), and an exact append says so."""
         if self.in_range is not None:  # traced arguments' values: checked here, CPU torch names the error
             values = self.sig.bind(args, kwargs)
             if not self.in_range(values):
@@ -123,6 +146,7 @@ class Kernel:
     def _compute(self, args: tuple, kwargs: dict, grow: bool = False):
         call = self.call
         values = call.bind(args, kwargs)
+        operands = list(values) if self.lowering.grows is not None else None  # the tensors, for _run_padded
         # a factory's device argument, where given, says where the result goes; else its operands do
         requested = values[self.device_arg] if self.device_arg is not None else None
         device = _device_index(requested) if requested is not None else None
@@ -159,24 +183,28 @@ class Kernel:
             generator = values[call.generator] if call.generator is not None else None
             seed = np.uint64(_rt.next_seed(generator, device))
         growth = self.lowering.grows(values) if self.lowering.grows is not None else None
-        padded = growth is not None and _run_padded(self.op, growth, values, grow)
+        padded = growth is not None and _run_padded(self.op, growth, values, operands, grow)
         call.prepare(values, seed)
         if device != 0 and not (call.tensors or call.tensor_lists):  # factories say where; computations follow inputs
-            return self.run.on(device, tuple(values)), device
+            return self.run.on(device, tuple(values)), device, False
         if self.checked is not None:  # out-of-range indices raise as on the CPU (XLA would clamp)
-            return bounds.run_checked(self.checked, self.index_probes, op, values, device), device
+            return bounds.run_checked(self.checked, self.index_probes, op, values, device), device, False
         result = self.run(*values)
+        appended = False
         if growth is not None and growth.length is not None and grow:
             if padded:
                 result = storage.Padded(result.array, result.axis, growth.length)
-            elif type(result) in _VALUES:
-                _mark_appended(result)
-        return result, device
+            else:
+                appended = type(result) in _VALUES
+        return result, device, appended
 
     def __call__(self, *args, **kwargs):
-        result, device = self.compute(args, kwargs, grow=True)
+        result, device, appended = self.compute(args, kwargs, grow=True)
         if type(result) in _VALUES:  # the common case, without isinstance's ABC machinery
-            return storage.wrap(result, device)
+            tensor = storage.wrap(result, device)
+            if appended:
+                _rt.set_appended(tensor)
+            return tensor
         if self.int_returns:
             result = list(result)
             for i, value in zip(self.int_returns, self.int_values(args, kwargs)):
@@ -193,6 +221,7 @@ class Kernel:
         except TypeError:  # an unhashable argument: no cache
             key, values = None, None
         if values is None:
+            args, kwargs = self.sig.split(self.sig.bind(args, kwargs))  # the C++ kernel passes keywords by position
             on_host = self.op(*_as_meta(args), **_as_meta(kwargs))
             values = tuple(on_host[i] for i in self.int_returns)
             if key is not None:
@@ -222,6 +251,21 @@ def _geometry(values):
     return type(values), values
 
 
+def _meta_of(values: list) -> list:
+    """Prepared values (arrays, Pendings, storage views, static arguments) as the op's meta kernel
+    takes them: tensors as meta tensors of the same geometry."""
+    def meta(v):
+        if isinstance(v, (list, tuple)):
+            return type(v)(meta(x) for x in v)
+        geometry = getattr(v, "geometry", None)  # a StridedView: its sizes and strides
+        if geometry is not None:
+            return torch.empty_strided(geometry.size, geometry.stride, dtype=to_torch(v.dtype), device="meta")
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            return torch.empty(tuple(v.shape), dtype=to_torch(v.dtype), device="meta")
+        return v
+    return [meta(v) for v in values]
+
+
 def _as_meta(values):
     """Tensors as meta tensors of the same geometry (the rest as is), for an op's meta kernel."""
     if isinstance(values, torch.Tensor):
@@ -235,13 +279,14 @@ def _as_meta(values):
 
 
 # ------------------------------------------------------------------ growing storages
-# The exact results of an append are tagged "appended" (fused.mark): appended to again, they grow.
+# The exact result of an append flags its storage (the runtime's Holder::appended): appended to again, it grows.
 
 
-def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
+def _run_padded(op, growth: Growth, values: list, operands: list, grow: bool) -> bool:
     """Give the growing operands to the lowering as PaddedOperands (in `values`); False when
     this call runs at exact sizes. An append onto the result of an append (a cache's second
-    token) starts padding, so every pass of a loop builds the same executables."""
+    token) starts padding, so every pass of a loop builds the same executables. `operands`:
+    the call's arguments before they became values (the tensors)."""
     current = [_at(values, place) for place in growth.operands]
     if growth.length is None:  # padded operands in, an exact result out (attention over a cache)
         if not all(isinstance(v, storage.Padded) and v.axis == growth.axis for v in current) or \
@@ -254,7 +299,7 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
         capacity = storage.capacity_for(growth.length)
         if isinstance(base, storage.Padded) and base.axis == growth.axis:
             base = base.grown(capacity)
-        elif type(base) in _VALUES and _was_appended(base):
+        elif type(base) in _VALUES and _rt.appended(_at(operands, growth.operands[0])):
             base = storage.Padded.of(base, growth.axis, capacity)
         else:
             return False
@@ -262,14 +307,6 @@ def _run_padded(op, growth: Growth, values: list, grow: bool) -> bool:
     for place, v in zip(growth.operands, current):
         _put(values, place, PaddedOperand(v.array, v.axis, storage.offset_operand(v.length)))
     return True
-
-
-def _was_appended(array) -> bool:
-    return fused.marked(array, "appended")
-
-
-def _mark_appended(array) -> None:
-    fused.mark(array, "appended")
 
 
 def _at(values, place):
@@ -347,7 +384,7 @@ class InplaceKernel:
         target = args[0] if args else kwargs["self"]
         if not self.self_is_list and errors.may_overlap(self.op, target, args, kwargs):
             errors.check_writes(self.op, args, kwargs, [target])  # CPU refuses writes through overlapping memory
-        result, _ = self.functional.compute(args, kwargs)
+        result, _, _ = self.functional.compute(args, kwargs)
         if self.self_is_list:
             for t, v in zip(target, result):
                 _store(self.op, t, v, resize=False)
@@ -381,7 +418,7 @@ class MutatingKernel:
         written = _flat_tensors(values[i] for i in self.written)
         if any(errors.may_overlap(self.op, t, args, kwargs) for t in written):
             errors.check_writes(self.op, args, kwargs, written)  # CPU refuses writes through overlapping memory
-        result, device = self.kernel.compute(args, kwargs)
+        result, device, _ = self.kernel.compute(args, kwargs)
         results = [result] if self.single else list(result)
         kwarg_only = self.kernel.sig.kwarg_only
         for i, new in zip(self.written, results):
@@ -411,7 +448,7 @@ class OutKernel:
         outs = [kwargs.pop(n) for n in self.out_names]
         queue = bounds.mark() if self.functional.index_probes is not None else None
         try:
-            result, _ = self.functional.compute(args, kwargs)
+            result, _, _ = self.functional.compute(args, kwargs)
         except Exception as e:  # noqa: BLE001  (the failure path only)
             if not isinstance(e, errors._DEVICE_ERRORS):  # (out of memory: CPU would not say more)
                 errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
@@ -561,7 +598,8 @@ def _install(op, kernel) -> None:
         functional = kernel if store is None else kernel.functional
         checked = functional.checked is not None  # its calls record the checked executable, and queue its checks
         _rt.register_fast_kernel(namespace, _name(op), functional.executable,
-                                 functional.checked if checked else functional.run, kernel, store, kinds, checked)
+                                 functional.checked if checked else functional.run, kernel, store, kinds,
+                                 functional.described, checked, functional.lowering.grows is not None)
     else:
         if namespace not in _LIBRARIES:
             _LIBRARIES[namespace] = torch.library.Library(namespace, "IMPL")

@@ -169,16 +169,17 @@ class OpCall:
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
         the Python kernel for every call (randomness, host range checks of traced
-        arguments (`in_range`), growing storages (`grows`: cat), a traced int[], lists of optional
-        tensors, returns other than tensors and tensor lists)."""
+        arguments (`in_range`), a traced int[], lists of optional tensors, returns other than
+        tensors, tensor lists and ints)."""
         lowering = self.lowering
         arguments = self.op._schema.arguments
-        if (self.random or lowering.grows is not None
-                or lowering.host_indices or lowering.in_range is not None
+        if (self.random or lowering.host_indices or lowering.in_range is not None
                 or any(str(arguments[i].type) != "List[Tensor]" for i in self.tensor_lists)
                 or any(str(arguments[i].type).startswith("List") for i in self.traced_static)):
             return None
-        if not all(str(r.type) in ("Tensor", "List[Tensor]") and r.alias_info is None for r in self.op._schema.returns):
+        # int returns (SDPA's max_q): the C++ kernel takes them from its signature's description
+        if not all(str(r.type) in ("Tensor", "List[Tensor]", "int", "SymInt") and r.alias_info is None
+                   for r in self.op._schema.returns):
             return None
         plan = []
         for i, (arg, kind) in enumerate(zip(arguments, self.sig.kinds)):

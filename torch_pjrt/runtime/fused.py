@@ -35,7 +35,6 @@ import logging
 import os
 import sys
 import threading
-import weakref
 
 import jax
 import numpy as np
@@ -452,32 +451,7 @@ def _materialize(region: Region, live: tuple, values) -> None:
     if region.device not in (None, 0):  # a region of factories alone computes uncommitted arrays
         values = committed(values, region.device)
     for i, value in zip(live, values):
-        pending = outputs[i]
-        pending.value = value
-        if _marks:
-            entry = _marks.get(id(pending))
-            if entry is not None and entry[0]() is pending:
-                for tag in entry[1]:
-                    mark(value, tag)
-
-
-# ------------------------------------------------------------------------------ marks
-_marks: dict = {}  # id(value) -> (weakref to the value, its tags)
-
-
-def mark(value, tag: str) -> None:
-    """Tag a value (an array or a Pending) for as long as it lives; a Pending's tags pass to its
-    array when its region runs (eager's growing storages tag the results of appends)."""
-    key = id(value)
-    entry = _marks.get(key)
-    if entry is None or entry[0]() is not value:
-        entry = _marks[key] = (weakref.ref(value, lambda _, key=key: _marks.pop(key, None)), set())
-    entry[1].add(tag)
-
-
-def marked(value, tag: str) -> bool:
-    entry = _marks.get(id(value))
-    return entry is not None and entry[0]() is value and tag in entry[1]
+        outputs[i].value = value
 
 
 def _first_run(region: Region, key: tuple) -> str:

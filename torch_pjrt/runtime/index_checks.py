@@ -68,10 +68,10 @@ def folded(executable: Callable, probes: Callable[[list], Iterator[tuple]]) -> C
     return checked
 
 
-def describe(probes: Callable[[list], Iterator[tuple]], op, values) -> tuple:
-    """(exception factory, op) per probe of a `folded` call on `values` (the seen flag last):
-    what the queue keeps beside each probe's findings. The C++ kernel asks once per call signature."""
-    return tuple((probe[3], op) for probe in _probes_with_data(probes, values[:-1]))
+def errors_of(probes: Callable[[list], Iterator[tuple]], op, values) -> tuple:
+    """(exception factory, op) per probe of a `folded` call on `values`: what the queue keeps
+    beside each probe's findings. The C++ kernel asks once per call signature."""
+    return tuple((probe[3], op) for probe in _probes_with_data(probes, values))
 
 
 @functools.lru_cache(None)
@@ -95,7 +95,7 @@ def synchronous() -> bool:
 def run_checked(checked: Callable, probes: Callable[[list], Iterator[tuple]], op, values: list, device: int):
     """Call `checked` (a `folded` executable, maybe recorded) on an eager call's prepared
     `values` on `device`: queue its checks, or raise now when synchronous. Its result."""
-    errors = describe(probes, op, [*values, None])
+    errors = errors_of(probes, op, values)
     if synchronous():
         result, _, found = checked(*values, _nothing_seen(device))
         _raise_first([(*first, error, None) for first, (error, _) in zip(found, errors)])

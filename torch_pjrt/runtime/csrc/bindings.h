@@ -27,6 +27,9 @@ py::object whole_buffer(const at::Tensor& t);
 py::object buffer(const at::Tensor& t);  // the storage's buffer, None while uninitialised
 // Replace the storage's buffer; `shape` and `dtype` describe the new buffer.
 void set_buffer(const at::Tensor& t, py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype);
+// Whether `t` is exactly its storage's buffer and that buffer an append's exact result (Holder::appended).
+bool appended(const at::Tensor& t);
+void set_appended(const at::Tensor& t);
 // A fresh contiguous pjrt tensor owning `obj` (a JAX array of that shape and dtype).
 at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype, c10::DeviceIndex device);
 at::Tensor wrap_array(py::object array, c10::DeviceIndex device);  // wrap(), reading shape and dtype here
@@ -114,7 +117,8 @@ void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead o
 bool store_whole(const at::Tensor& self, const py::object& result);
 // Register the C++ kernel of `ns`::`name` (e.g. "aten", "add.Tensor") on PrivateUse1.
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
-                          py::object slow, py::object store, std::vector<int> kinds, bool checked);
+                          py::object slow, py::object store, std::vector<int> kinds, bool described, bool checked,
+                          bool grows);
 // aten::clone's C++ kernel (CloneKernel): `read_view` (its fused.Recordable `recorded_read_view`)
 // reads a view; `slow` (transfer.clone) serves the other calls.
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow);

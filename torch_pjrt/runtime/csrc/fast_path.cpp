@@ -26,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 // torch's IValue -> Python conversion, exported by libtorch_python. Declared here rather
@@ -163,6 +164,7 @@ bool store_whole(const at::Tensor& self, const py::object& result) {
   if (!pending) record(result.ptr());
   PyObject* old = h->buffer;
   h->buffer = py::object(result).release().ptr();
+  h->appended = false;
   Py_DECREF(old);
   return true;
 }
@@ -172,13 +174,16 @@ class FastKernel : public c10::OperatorKernel {
   // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
   // `store` is None for a functional op; for an in-place op (self first), the Python
   // function that writes a result into self when it is not simply self's new buffer.
-  // `checked`: an indexing op whose `recorded` is its executable with the index checks folded in
-  // (index_checks.folded): its calls are recorded here only, and queue their checks.
+  // `described`: the kernel needs its call signature's description (Recordable.describe, a
+  // kernels.SignatureTraits: index checks' exceptions, whether the result is an append's, int
+  // returns), so only its recorded calls are served here. `checked`: an indexing op whose
+  // `recorded` has its index checks folded in (index_checks.folded). `grows`: an op over growing
+  // storages (ops/growth.py), served here only when none of its operands grows.
   FastKernel(std::string name, py::object run, py::object recorded, py::object slow, py::object store,
-             std::vector<int> kinds, bool checked = false)
+             std::vector<int> kinds, bool described = false, bool checked = false, bool grows = false)
       : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
         slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
-        kinds_(std::move(kinds)), checked_(checked), recorder_(recorded_) {
+        kinds_(std::move(kinds)), described_(described), checked_(checked), grows_(grows), recorder_(recorded_) {
     for (int kind : kinds_) has_operands_ |= kind == kTensor || kind == kTensorList;
   }
 
@@ -191,7 +196,7 @@ class FastKernel : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = kinds_.size();
     py::gil_scoped_acquire gil;
-    py::object result;
+    py::object result, traits;
     int device = -1;
     {
       auto args = torch::jit::last(*stack, n);
@@ -203,7 +208,7 @@ class FastKernel : public c10::OperatorKernel {
       }
       // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
-      result = call(args.data(), values, device);
+      result = call(args.data(), values, device, traits);
       if (!result) return slow(op, stack, n);
     }
     if (store_) {
@@ -220,15 +225,16 @@ class FastKernel : public c10::OperatorKernel {
       return;
     }
     torch::jit::drop(*stack, n);
-    push_results(op, stack, result, c10::DeviceIndex(device));
+    push_results(op, stack, result, c10::DeviceIndex(device), traits);
   }
 
  protected:
   // The op's executable on `values`, or in fused mode its call recorded (in C++ where the recorder
   // can, else by fused.record); a null object when the call failed: the Python kernel runs it
   // again and raises what CPU torch raises (errors.py).
-  py::object call(const c10::IValue* args, const py::tuple& values, int device) {
-    if (checked_) return call_checked(args, values, device);
+  // `traits`: the signature's description, for a described kernel.
+  py::object call(const c10::IValue* args, const py::tuple& values, int device, py::object& traits) {
+    if (described_) return call_described(args, values, device, traits);
     PyObject* out;
     if (g_fused && !at::globalContext().deterministicAlgorithms()) {  // Recordable.__call__'s test
       out = recorder_.record(args, values.ptr(), device);
@@ -245,32 +251,39 @@ class FastKernel : public c10::OperatorKernel {
     return py::reinterpret_steal<py::object>(out);
   }
 
-  // An indexing op's call with its bounds checks, as index_checks.run_checked makes it: recorded
-  // with the device's seen flag as its last operand; the new flag and each probe's findings
-  // (found, position, value) go to the queue beside the exception factory and op its signature's
-  // description names. Op by op, deterministic mode and synchronous checks take the Python kernel.
-  py::object call_checked(const c10::IValue* args, const py::tuple& values, int device) {
-    if (!g_fused || at::globalContext().deterministicAlgorithms() || synchronous_index_checks()) return py::object();
+  // The call of a described kernel: recorded (its signature's description comes with it) or left
+  // to the Python kernel (op by op, deterministic mode, synchronous index checks, a call the
+  // recorder leaves to fused.record). An indexing op's call is made as index_checks.run_checked
+  // makes it: with the device's seen flag as its last operand; the new flag and each probe's
+  // findings (found, position, value) go to the queue beside the exception and op its
+  // description names.
+  py::object call_described(const c10::IValue* args, const py::tuple& values, int device, py::object& traits) {
+    if (!g_fused || at::globalContext().deterministicAlgorithms() || (checked_ && synchronous_index_checks()))
+      return py::object();
     py::object result;
-    bool over_bound;
+    bool over_bound = false;
     {
-      PyLockGuard lock(g_checks.lock);
+      std::optional<PyLockGuard> lock;
       py::object device_key = py::int_(device);
-      PyObject* seen = PyDict_GetItemWithError(g_checks.seen, device_key.ptr());  // borrowed
-      py::object flag;
-      if (seen) {
-        flag = py::reinterpret_borrow<py::object>(seen);
-      } else {
-        if (PyErr_Occurred()) throw python_error();
-        PyObject* nothing = PyObject_CallOneArg(g_checks.nothing_seen, device_key.ptr());
-        if (!nothing) throw python_error();
-        flag = py::reinterpret_steal<py::object>(nothing);
+      py::tuple operands = values;
+      if (checked_) {
+        lock.emplace(g_checks.lock);
+        PyObject* seen = PyDict_GetItemWithError(g_checks.seen, device_key.ptr());  // borrowed
+        py::object flag;
+        if (seen) {
+          flag = py::reinterpret_borrow<py::object>(seen);
+        } else {
+          if (PyErr_Occurred()) throw python_error();
+          PyObject* nothing = PyObject_CallOneArg(g_checks.nothing_seen, device_key.ptr());
+          if (!nothing) throw python_error();
+          flag = py::reinterpret_steal<py::object>(nothing);
+        }
+        const Py_ssize_t n = PyTuple_GET_SIZE(values.ptr());
+        operands = py::tuple(n + 1);
+        for (Py_ssize_t i = 0; i < n; i++)
+          PyTuple_SET_ITEM(operands.ptr(), i, py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(values.ptr(), i)).release().ptr());
+        PyTuple_SET_ITEM(operands.ptr(), n, flag.release().ptr());
       }
-      const Py_ssize_t n = PyTuple_GET_SIZE(values.ptr());
-      py::tuple operands(n + 1);
-      for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(operands.ptr(), i, py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(values.ptr(), i)).release().ptr());
-      PyTuple_SET_ITEM(operands.ptr(), n, flag.release().ptr());
       PyObject* out = recorder_.record(args, operands.ptr(), device);
       if (!out) {  // a call the recorder leaves to Python, or the call's own error: the Python kernel
         if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
@@ -278,22 +291,29 @@ class FastKernel : public c10::OperatorKernel {
         return py::object();
       }
       result = py::reinterpret_steal<py::object>(out);
-      PyObject* errors = recorder_.description();
-      TORCH_CHECK(PyTuple_Check(result.ptr()) && PyTuple_GET_SIZE(result.ptr()) == 3 && PyTuple_Check(errors),
-                  "pjrt: ", name_, "'s checked call returned no (result, seen, findings)");
-      PyObject* findings = PyTuple_GET_ITEM(result.ptr(), 2);
-      TORCH_CHECK(PyTuple_GET_SIZE(findings) == PyTuple_GET_SIZE(errors), "pjrt: ", name_,
-                  "'s index checks and their description disagree");
-      if (PyDict_SetItem(g_checks.seen, device_key.ptr(), PyTuple_GET_ITEM(result.ptr(), 1)) < 0) throw python_error();
-      for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(findings); k++) {
-        PyObject* found = PyTuple_GET_ITEM(findings, k);    // (found, position, value)
-        PyObject* error = PyTuple_GET_ITEM(errors, k);      // (exception factory, op)
-        py::tuple entry = py::make_tuple(py::handle(PyTuple_GET_ITEM(found, 0)), py::handle(PyTuple_GET_ITEM(found, 1)),
-                                         py::handle(PyTuple_GET_ITEM(found, 2)), py::handle(PyTuple_GET_ITEM(error, 0)),
-                                         py::handle(PyTuple_GET_ITEM(error, 1)));
-        if (PyList_Append(g_checks.queued, entry.ptr()) < 0) throw python_error();
+      traits = py::reinterpret_borrow<py::object>(recorder_.description());
+      TORCH_CHECK(PyTuple_Check(traits.ptr()) && PyTuple_GET_SIZE(traits.ptr()) == 3, "pjrt: ", name_,
+                  "'s signature has no (checks, appends, ints) description");
+      if (checked_) {
+        PyObject* errors = PyTuple_GET_ITEM(traits.ptr(), 0);
+        TORCH_CHECK(PyTuple_Check(result.ptr()) && PyTuple_GET_SIZE(result.ptr()) == 3, "pjrt: ", name_,
+                    "'s checked call returned no (result, seen, findings)");
+        PyObject* findings = PyTuple_GET_ITEM(result.ptr(), 2);
+        TORCH_CHECK(PyTuple_GET_SIZE(findings) == PyTuple_GET_SIZE(errors), "pjrt: ", name_,
+                    "'s index checks and their description disagree");
+        if (PyDict_SetItem(g_checks.seen, device_key.ptr(), PyTuple_GET_ITEM(result.ptr(), 1)) < 0)
+          throw python_error();
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(findings); k++) {
+          PyObject* found = PyTuple_GET_ITEM(findings, k);  // (found, position, value)
+          PyObject* error = PyTuple_GET_ITEM(errors, k);    // (exception factory, op)
+          py::tuple entry = py::make_tuple(py::handle(PyTuple_GET_ITEM(found, 0)), py::handle(PyTuple_GET_ITEM(found, 1)),
+                                           py::handle(PyTuple_GET_ITEM(found, 2)), py::handle(PyTuple_GET_ITEM(error, 0)),
+                                           py::handle(PyTuple_GET_ITEM(error, 1)));
+          if (PyList_Append(g_checks.queued, entry.ptr()) < 0) throw python_error();
+        }
+        over_bound = PyList_GET_SIZE(g_checks.queued) > g_checks.max_queued;
+        result = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(result.ptr(), 0));
       }
-      over_bound = PyList_GET_SIZE(g_checks.queued) > g_checks.max_queued;
     }
     if (over_bound) {  // after the lock, which raise_pending takes
       PyObject* r = PyObject_CallNoArgs(g_checks.raise_pending);
@@ -301,7 +321,7 @@ class FastKernel : public c10::OperatorKernel {
       Py_DECREF(r);
     }
     fast_calls_++;
-    return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(result.ptr(), 0));
+    return result;
   }
 
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
@@ -363,6 +383,11 @@ class FastKernel : public c10::OperatorKernel {
       device = index;
       Holder* h = holder_of(t.storage());
       settle(h);
+      if (grows_ && h && (h->appended || (h->buffer && !is_pending(h->buffer) &&
+                                          Py_TYPE(h->buffer) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)))) {
+        fast = false;  // a growing storage (an append's result, or padded): the Python kernel pads the call
+        return py::none();
+      }
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
       if (written) {  // an in-place write through a view: the Python kernel checks for overlaps
         fast = false;
@@ -408,19 +433,33 @@ class FastKernel : public c10::OperatorKernel {
     Py_DECREF(out);
   }
 
+  // `traits` (a described kernel's): its int returns, and whether the result is an append's
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
-                    c10::DeviceIndex device) {
-    push_returns(op, stack, result.ptr(), [&](PyObject* array) { return wrap_result(op, array, device); });
+                    c10::DeviceIndex device, const py::object& traits) {
+    PyObject* ints = traits ? PyTuple_GET_ITEM(traits.ptr(), 2) : nullptr;
+    push_returns(op, stack, result.ptr(), [&](PyObject* array) { return wrap_result(op, array, device); }, ints);
+    if (traits && PyTuple_GET_ITEM(traits.ptr(), 1) == Py_True) {
+      const at::Tensor& appended = stack->back().toTensor();  // an append has one return
+      holder_of(appended.storage())->appended = true;
+    }
   }
 
   // The op's returns from `result` (the value itself for one return, else one item per return),
-  // each tensor made by `tensor` (a Tensor[] return: a sequence of them).
+  // each tensor made by `tensor` (a Tensor[] return: a sequence of them); int returns from `ints`
+  // (a tuple, in order) where given, else Python ints in `result`.
   template <typename ToTensor>
   static void push_returns(const c10::OperatorHandle& op, torch::jit::Stack* stack, PyObject* result,
-                           ToTensor tensor) {
+                           ToTensor tensor, PyObject* ints = nullptr) {
     const auto& returns = op.schema().returns();
+    Py_ssize_t next_int = 0;
     auto one = [&](size_t i, PyObject* value) -> c10::IValue {
-      if (returns[i].type()->kind() != c10::TypeKind::ListType) return tensor(value);
+      auto kind = returns[i].type()->kind();
+      if (kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType) {  // from `ints`, else the result's
+        PyObject* number = !ints ? value : next_int < PyTuple_GET_SIZE(ints) ? PyTuple_GET_ITEM(ints, next_int++) : nullptr;
+        TORCH_CHECK(number && PyLong_Check(number), "pjrt: no int for ", op.schema().operator_name(), "'s return ", i);
+        return c10::IValue(int64_t(PyLong_AsLongLong(number)));
+      }
+      if (kind != c10::TypeKind::ListType) return tensor(value);
       c10::List<at::Tensor> list;  // a Tensor[] return (foreach ops)
       for (auto item : py::reinterpret_borrow<py::object>(value)) list.push_back(tensor(item.ptr()));
       return list;
@@ -465,7 +504,9 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
-  bool checked_;  // an indexing op: its calls queue index checks (call_checked)
+  bool described_;  // see the constructor
+  bool checked_;
+  bool grows_;
   bool has_operands_ = false;  // tensor operands say where the call runs; a factory's device argument alone
 
  public:
@@ -495,7 +536,8 @@ class CloneKernel : public FastKernel {
     if (!h->buffer) return slow(op, stack, 2);
     py::object value;
     if (!is_whole_buffer(self, h)) {
-      value = call(args.data(), py::make_tuple(lazy_view(self, h)), self.device().index());
+      py::object no_traits;
+      value = call(args.data(), py::make_tuple(lazy_view(self, h)), self.device().index(), no_traits);
       if (!value) return slow(op, stack, 2);
     } else if (is_pending(h->buffer) || Py_TYPE(h->buffer) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) {
       value = py::reinterpret_borrow<py::object>(h->buffer);
@@ -544,9 +586,10 @@ static void register_kernel(const std::string& ns, const std::string& name, std:
 }
 
 void register_fast_kernel(const std::string& ns, const std::string& name, py::object run, py::object recorded,
-                          py::object slow, py::object store, std::vector<int> kinds, bool checked) {
-  register_kernel(ns, name,
-                  std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds), checked));
+                          py::object slow, py::object store, std::vector<int> kinds, bool described, bool checked,
+                          bool grows) {
+  register_kernel(ns, name, std::make_unique<FastKernel>(ns + "::" + name, run, recorded, slow, store, std::move(kinds),
+                                                         described, checked, grows));
 }
 
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow) {

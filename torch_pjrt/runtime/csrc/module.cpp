@@ -72,8 +72,17 @@ void set_buffer(const at::Tensor& t, py::object obj, std::vector<int64_t> shape,
   std::swap(h->buffer, o);
   h->shape = std::move(shape);
   h->dtype = dtype;
+  h->appended = false;
   Py_XDECREF(o);
 }
+
+bool appended(const at::Tensor& t) {
+  Holder* h = checked_holder(t);
+  settle(h);
+  return h->appended && is_whole_buffer(t, h);
+}
+
+void set_appended(const at::Tensor& t) { checked_holder(t)->appended = true; }
 
 at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype, c10::DeviceIndex device) {
   int64_t numel = 1;
@@ -183,6 +192,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("whole_buffer", &tp::whole_buffer);
   m.def("buffer", &tp::buffer);
   m.def("set_buffer", &tp::set_buffer);
+  // a tensor that is exactly its storage's buffer, an append's exact result (eager/kernels.py's growth)
+  m.def("appended", &tp::appended);
+  m.def("set_appended", &tp::set_appended);
   m.def("wrap", &tp::wrap);
   m.def("wrap_array", &tp::wrap_array);
   m.def("set_dtype_map", &tp::set_dtype_map);

@@ -72,6 +72,9 @@ struct Holder {
   char* handle = nullptr;
   size_t nbytes = 0;
   c10::DeviceIndex device = 0;
+  // its buffer is an append's exact result (ops/growth.py): appended to again, the storage grows
+  // (padded); a new buffer clears it
+  bool appended = false;
 };
 
 c10::Allocator* device_allocator();
