@@ -33,7 +33,6 @@ import contextlib
 import itertools
 import logging
 import os
-import sys
 import threading
 
 import jax
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from . import platform
+from .build import load as _load_runtime
 from .executable_budget import release_if_due
 
 log = logging.getLogger("torch_pjrt.fused")
@@ -413,10 +413,9 @@ def _run(region: Region, reason: str) -> None:
     _ended_by[reason] += 1
     _stats["regions"] += 1
     _stats["ops"] += len(region.calls)
-    outputs = region.outputs
-    live = tuple(i for i in range(len(outputs)) if sys.getrefcount(outputs[i]) > _HELD_BY_REGION)
     inputs = region.inputs
-    donate = _donatable(inputs, [outputs[i].aval for i in live])
+    # the outputs someone holds (the rest are never materialized), the inputs XLA may write in place
+    live, donate = _load_runtime().region_plan(region.outputs, inputs)
     key = (region.device, tuple(region.structure), live, donate)
     run = _executables.get(key)
     if run is not None:
@@ -481,27 +480,6 @@ def _first_run(region: Region, key: tuple) -> str:
     _log_compile(ops, region)
     _stats["compiles"] += 1
     return "compiled"
-
-
-# sys.getrefcount of a region output no one else holds: region.outputs, the argument, outputs[i]'s temporary
-_HELD_BY_REGION = 2
-
-
-def _donatable(inputs: list, outs: list) -> tuple:
-    """The inputs the region can donate: arrays only the region holds, for which an output of the same
-    shape and dtype can take the buffer (XLA reuses it in place, like an in-place update)."""
-    room = collections.Counter((a.shape, a.dtype) for a in outs)
-    donate = []
-    for i in range(len(inputs)):
-        # a scalar is not worth it, and whether one is donated would vary the key by chance
-        if type(inputs[i]) is _ARRAY and inputs[i].shape:
-            kind = (inputs[i].shape, inputs[i].dtype)
-            # held by region.inputs, the argument and the temporary only (an array in synchronize's
-            # bookkeeping has more holders: it is not donated, which is always safe)
-            if room[kind] > 0 and sys.getrefcount(inputs[i]) <= 2:
-                room[kind] -= 1
-                donate.append(i)
-    return tuple(donate)
 
 
 def _region_function(calls: list, live: tuple, donate: tuple):

@@ -67,6 +67,11 @@ class PyLockGuard {
   PyObject* lock_;
 };
 
+// fused._run's plan of a region it runs: (the outputs someone besides the region's list holds,
+// the inputs it can donate: arrays only its list holds, each matched by a live output of the
+// same shape and dtype, which XLA can write in place), as two tuples of positions.
+py::tuple region_plan(py::list outputs, py::list inputs);
+
 // One fast kernel's recorder: the call signatures it has recorded (fused.call_signature's answers).
 class CallRecorder {
  public:

@@ -209,6 +209,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_sdp_choice", &tp::set_sdp_choice);
   m.def("fast_path_counts", &tp::fast_path_counts);
   m.def("set_recorder_helpers", &tp::set_recorder_helpers);
+  m.def("region_plan", &tp::region_plan);
   m.def("reset_fast_path_counts", &tp::reset_fast_path_counts);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });

@@ -16,6 +16,7 @@
 #include <torch/csrc/Exceptions.h>
 
 #include <cstring>
+#include <map>
 
 namespace torch_pjrt {
 
@@ -143,6 +144,32 @@ py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*
   py::object instance = py::reinterpret_steal<py::object>(o);
   for (auto [name, value] : slots) set_attr(o, name, value);
   return instance;
+}
+
+py::tuple region_plan(py::list outputs, py::list inputs) {
+  std::map<std::pair<std::vector<int64_t>, int>, int> room;  // live outputs by (shape, dtype)
+  py::list live, donate;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs.ptr()); i++) {
+    PyObject* pending = PyList_GET_ITEM(outputs.ptr(), i);
+    if (Py_REFCNT(pending) <= 1) continue;  // the region's list alone holds it: never materialized
+    const ArrayType& type = array_type(py::reinterpret_borrow<py::object>(pending));
+    room[{type.shape, int(type.dtype)}]++;
+    live.append(i);
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs.ptr()); i++) {
+    PyObject* input = PyList_GET_ITEM(inputs.ptr(), i);
+    // an array only the region holds (one in synchronize's bookkeeping has more holders: it is
+    // not donated, which is always safe); a scalar is not worth it, and whether one is donated
+    // would vary the key by chance
+    if (Py_TYPE(input) != reinterpret_cast<PyTypeObject*>(g_rec.array_type) || Py_REFCNT(input) > 1) continue;
+    const ArrayType& type = array_type(py::reinterpret_borrow<py::object>(input));
+    if (type.shape.empty()) continue;
+    auto found = room.find({type.shape, int(type.dtype)});
+    if (found == room.end() || found->second == 0) continue;
+    found->second--;
+    donate.append(i);
+  }
+  return py::make_tuple(py::tuple(live), py::tuple(donate));
 }
 
 py::object strided_view(PyObject* buffer, PyObject* geometry) {
