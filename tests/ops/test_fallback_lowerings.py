@@ -1,5 +1,7 @@
-"""Ops that ran on the CPU fallback in the OpInfo sweep (issue 32), now lowered: every sample of
-their OpInfo entries (PyTorch's own database) on pjrt against the CPU, with no CPU fallback.
+"""Ops that ran on the CPU fallback in the OpInfo sweep (issue 32), and `isin` (a traced
+decomposition per call, which transformers' generate calls every token: issue 29), now lowered:
+every sample of their OpInfo entries (PyTorch's own database) on pjrt against the CPU, with no
+CPU fallback.
 
 Backward is compared where the OpInfo supports it (the gradient of the first floating output
 with respect to every floating input that requires grad)."""
@@ -38,6 +40,7 @@ CASES = {
     ("linalg.ldl_factor", ""): (torch.float32, torch.complex128),
     ("linalg.ldl_factor_ex", ""): (torch.float64, torch.complex64),
     ("linalg.ldl_solve", ""): (torch.float32, torch.float64, torch.complex64, torch.complex128),
+    ("isin", ""): (torch.float32, torch.int64, torch.uint8, torch.float16),
 }
 
 

@@ -299,6 +299,21 @@ def test_mode(dtype, shape):
 
 
 # ------------------------------------------------------------------ searching / counting
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(invert):
+    """Compared in the promoted dtype (NaN matches nothing), every variant; past 2**22 pairs the
+    lowering sorts the test elements and searches them instead of comparing every pair."""
+    elements = torch.tensor([[1.0, 2.0, math.nan], [4.0, -0.0, 7.5]])
+    check(aten.isin.Tensor_Tensor, elements, torch.tensor([2, 4, 0]), invert=invert)
+    check(aten.isin.Tensor_Tensor, elements, torch.tensor([math.nan, 7.5], dtype=torch.float64), invert=invert)
+    check(aten.isin.Tensor_Tensor, torch.arange(5, dtype=torch.uint8), torch.tensor([300, 3]), invert=invert)
+    check(aten.isin.Tensor_Tensor, torch.arange(4), torch.tensor([], dtype=torch.int64), invert=invert)
+    check(aten.isin.Tensor_Scalar, elements, 4, invert=invert)
+    check(aten.isin.Scalar_Tensor, 7.5, elements, invert=invert)
+    many = torch.randint(-3000, 3000, (4000,), generator=torch.Generator().manual_seed(0))
+    check(aten.isin.Tensor_Tensor, many, torch.arange(0, 9000, 7), invert=invert)  # 4000 x 1286 pairs: sorted
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
 def test_searchsorted_bucketize(dtype):
     seq = torch.tensor([1, 3, 3, 5, 7], dtype=dtype)

@@ -681,6 +681,40 @@ def bucketize_scalar(self, boundaries, *, out_int32=False, right=False):
     return _searchsorted(boundaries, jnp.asarray(self), "right" if right else "left", None, out_int32).reshape(())
 
 
+_ISIN_BROADCAST = 1 << 22  # elements x test elements compared at once; past it, a sort and binary search
+
+
+def _isin(elements, test_elements, invert):
+    """Whether each element equals one of the test elements, compared in their promoted dtype
+    (NaN matches nothing), as CPU's isin; the result has the elements' shape."""
+    compute, _ = promote(elements, test_elements)
+    shape = jnp.shape(elements)
+    e, t = cast(elements, compute).reshape(-1), cast(test_elements, compute).reshape(-1)
+    if t.size == 0:
+        found = jnp.zeros(e.shape, bool)
+    elif e.size * t.size <= _ISIN_BROADCAST:
+        found = jnp.any(e[:, None] == t[None, :], axis=1)
+    else:
+        ordered = jnp.sort(t)
+        found = ordered[jnp.clip(jnp.searchsorted(ordered, e), 0, t.size - 1)] == e
+    return (found != invert).reshape(shape)
+
+
+@lowering(aten.isin.Tensor_Tensor)
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    return _isin(elements, test_elements, invert)
+
+
+@lowering(aten.isin.Tensor_Scalar)
+def isin_tensor_scalar(elements, test_element, *, assume_unique=False, invert=False):
+    return _isin(elements, test_element, invert)
+
+
+@lowering(aten.isin.Scalar_Tensor)
+def isin_scalar_tensor(element, test_elements, *, assume_unique=False, invert=False):
+    return _isin(element, test_elements, invert)
+
+
 @lowering(aten.histc.default)
 def histc(self, bins=100, min=0, max=0):  # noqa: A002
     """Floats as torch's CPU kernel; integers as CUDA's (CPU refuses them, and transformers'
