@@ -95,7 +95,9 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         self._group_name, self._group_desc = "", ""
         self.timeout = timeout
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
-        self.host = ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+        # keys of this start of the job only: after torchrun restarts the workers, the store still
+        # holds the addresses the failed round's gloo groups published (multiprocess.job_id)
+        self.host = ProcessGroupGloo(dist.PrefixStore(f"gloo/{multiprocess.job_id()}/", store), rank, size, timeout)
         self.device_index = local_device_index()
         self.mesh = self._group_mesh()
         self.checks = os.environ.get("TORCH_PJRT_COLLECTIVE_CHECKS", "1") != "0"

@@ -18,10 +18,12 @@ Environment (all optional):
 from __future__ import annotations
 
 import os
+import uuid
 
 import jax
 
-_state: dict = {"initialized": False, "error": None}
+_state: dict = {"initialized": False, "error": None, "job_id": None}
+_JOB_ID_KEY = "torch_pjrt/job_id"
 
 
 def launched_by_torchrun() -> bool:
@@ -55,8 +57,33 @@ def initialize_from_environment() -> None:
             initialization_timeout=int(env.get("TORCH_PJRT_INIT_TIMEOUT_S", "300")),
             heartbeat_timeout_seconds=int(env.get("TORCH_PJRT_HEARTBEAT_S", "100")),
             shutdown_timeout_seconds=int(env.get("TORCH_PJRT_SHUTDOWN_S", "30")))
+        if int(env["RANK"]) == 0:  # see job_id
+            _coordination_client().key_value_set(_JOB_ID_KEY, uuid.uuid4().hex)
     except Exception as e:  # noqa: BLE001  (remembered; see is_active)
         _state["error"] = f"{type(e).__name__}: {e}"
+
+
+def _coordination_client():
+    from jax._src import distributed  # the key-value store of JAX's coordination service
+
+    return distributed.global_state.client
+
+
+def job_id() -> str:
+    """An id of this start of the job: the same in all its processes, new each time they
+    start ("" without JAX's multi-process runtime). torchrun's restart (`--max-restarts`)
+    starts new workers on the same store (the rendezvous's shared TCPStore, MASTER_PORT), which
+    still holds the keys the failed round wrote; a gloo group that rendezvoused under the same
+    keys could read a dead process's address (and time out connecting to it). JAX's coordinator
+    is new in every start (it lives in rank 0), so rank 0 puts a fresh id in its key-value store
+    and the others read it there."""
+    if _state["job_id"] is None:
+        if not is_active():
+            _state["job_id"] = ""
+        else:
+            timeout_s = int(os.environ.get("TORCH_PJRT_INIT_TIMEOUT_S", "300"))
+            _state["job_id"] = _coordination_client().blocking_key_value_get(_JOB_ID_KEY, timeout_s * 1000)
+    return _state["job_id"]
 
 
 def _local_device_ids() -> list[int] | None:
