@@ -14,6 +14,7 @@ Environment (all optional):
   TORCH_PJRT_SHUTDOWN_S=N          seconds a finished process waits for the others at exit (default 30)
   TORCH_PJRT_INIT_TIMEOUT_S=N      seconds to wait for every process to join (default 300)
   TORCH_PJRT_LOCAL_DEVICE_IDS=0,1  the accelerator devices this process uses ("all"; default: LOCAL_RANK)
+  JAX_ENABLE_PREEMPTION_SERVICE=1  keep JAX's SIGTERM handler (off by default here: see below)
 """
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def initialize_from_environment() -> None:
     local_ids = None if cpu else _local_device_ids()
     # the CPU client's cross-process collectives (only the CPU client reads this setting)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if "JAX_ENABLE_PREEMPTION_SERVICE" not in env:
+        # JAX's preemption service catches SIGTERM (a TPU preemption notice, for code that polls
+        # multihost_utils.reached_preemption_sync_point); under torchrun SIGTERM is the agent
+        # stopping its workers after a failure, which a caught signal would delay by 30 s
+        # (the agent's grace period) before SIGKILL, on every restart
+        jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(
             coordinator_address(), int(env["WORLD_SIZE"]), int(env["RANK"]), local_device_ids=local_ids,
