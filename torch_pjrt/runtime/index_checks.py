@@ -1,9 +1,10 @@
 """Index bounds, checked in eager as torch's CPU kernels check them.
 
-XLA clamps out-of-range gathers and drops out-of-range scatters; PyTorch raises. Before an
-indexing op runs eagerly, a small reduction over its index tensors finds the first
-out-of-range index, and torch's exception type and message are raised for it. Which
-tensors an op indexes with, and what torch says, is its op table entry's `index_probes`
+XLA clamps out-of-range gathers and drops out-of-range scatters; PyTorch raises. An indexing
+op's eager executable also reduces its index tensors to the first out-of-range index
+(`folded`: the op and its checks are one call, recorded or run, from the Python kernel or the
+C++ one), and torch's exception type and message are raised for it. Which tensors an op
+indexes with, and what torch says, is its op table entry's `index_probes`
 (ops/index_probes.py).
 
 When: by default the reduction is only queued, as CUDA queues its device-side index
