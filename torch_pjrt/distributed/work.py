@@ -123,16 +123,31 @@ def _complete_in_order(name: str) -> None:
                 slot.release()
 
 
-def _complete(work: PjrtWork, future: Future, device: int | None = None) -> None:
-    """Wait for `work` (its result is then in its tensors) and complete `future` with it."""
+class _Failed:
+    """An outcome future's value when the work failed (see PjrtWork.get_future)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _outcome_value(outcome: Future):
+    """The `.then` callback that turns an outcome into get_future()'s result or error."""
+    value = outcome.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+def _complete(work: PjrtWork, outcome: Future, device: int | None = None) -> None:
+    """Wait for `work` (its result is then in its tensors) and complete `outcome` with it."""
     try:
         if device is not None:
             torch.pjrt.set_device(device)  # the current device of get_future's caller, for the callbacks
         work.wait()
     except Exception as e:  # noqa: BLE001  (CollectiveError, or a failed write of the result)
-        future.set_exception(e)
+        outcome.set_result(_Failed(e))
         return
-    future.set_result(work.result())
+    outcome.set_result(work.result())
 
 
 def _run_callbacks_region() -> None:
@@ -240,19 +255,27 @@ class PjrtWork(Work):
         return self._result
 
     def get_future(self) -> Future:
-        """A future of `result()` that completes (or fails with CollectiveError) once the
-        collective is over and its result is in the tensors; the caller does not wait."""
-        future = Future()
+        """A future of `result()` that completes (or fails with the CollectiveError, wrapped
+        in the RuntimeError a failed torch future raises) once the collective is over and its
+        result is in the tensors; the caller does not wait.
+
+        It fails in C++ too: it is the `.then()` of an outcome future, whose callback raises
+        the error. torch's Python `Future.set_exception` completes a future *successfully* with
+        the exception as its value (only Python's wait() raises it), so C++ readers such as
+        DDP's reducer took the exception for the reduced bucket (and crashed, in
+        parseCppCommHookResult, when a peer died mid-step)."""
+        outcome = Future()
+        future = outcome.then(_outcome_value)
         ordered = self._ordered_by_dispatcher()  # before is_completed(), which may drop the dispatcher's future
         if self.is_completed() or _on_completion_thread():
             # over: complete it here, callbacks run at once. On a completion thread (a callback
             # asking for another collective's future): here too, that thread cannot wait for itself.
-            _complete(self, future)
+            _complete(self, outcome)
             return future
         name, slot = ("pjrt-futures", _Slot()) if ordered else ("pjrt-host-futures", None)
         _started(name, lambda: _complete_in_order(name))
         with _threads_lock:  # slots in the order of their futures, even when two threads ask at once
-            _completions[name].put((self, future, torch.pjrt.current_device(), slot))
+            _completions[name].put((self, outcome, torch.pjrt.current_device(), slot))
             if slot is not None:
                 _queue.put(slot)
         return future
