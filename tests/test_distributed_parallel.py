@@ -59,3 +59,36 @@ def test_two_nodes_find_jax_coordinator_from_torchruns_environment(tmp_path):
 def test_two_nodes_of_two_processes_train_as_one(case, tmp_path):
     """DDP and FSDP2 across two launchers equal one process training the full batch (the cases' own checks)."""
     _two_nodes(case, 2, tmp_path, 600)
+
+
+@pytest.mark.slow  # two launchers, a failed start and a restart: about 2 minutes on 2 loaded cores (docs/distributed.md)
+def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_last_checkpoint(tmp_path):
+    """Two launchers (two "hosts"), one DDP rank each, `--max-restarts=1`. Rank 1 exits
+    mid-step in the first start (tests/distributed/case_restart.py); rank 0 must get an
+    error or be stopped by its agent well within the group's timeout, and the restarted job
+    must load the last distributed checkpoint (step 1) and end equal to full-batch training."""
+    import json
+    import time
+
+    from tests.distributed.case_restart import KILLED_IN_STEP, TIMEOUT_S
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO),
+               OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    values = torchrun(["-m", "tests.distributed.cases", "restart"], 1, tmp_path, env, 400, nnodes=2,
+                      args=[str(checkpoints)], max_restarts=1)
+    print(f"killed, restarted and resumed in {time.monotonic() - start:.0f} s")
+    assert all(not v["failures"] for v in values), [v["failures"] for v in values]
+    assert [(v["first_start"], v["resumed_after_step"]) for v in values] == [(False, KILLED_IN_STEP - 1)] * 2
+    killed = json.loads((checkpoints / "killed").read_text())
+    survivor = json.loads((checkpoints / "survivor").read_text())
+    assert killed["rank"] == 1 and survivor["rank"] == 0
+    print("the other rank:", survivor)
+    if "error" in survivor:  # the collective in flight names its failure
+        # "Connection closed by peer" or "Connection reset by peer", as gloo's socket saw it
+        assert "all_reduce" in survivor["error"] and "by peer" in survivor["error"], survivor["error"]
+    else:
+        assert survivor["stopped_by"] == "SIGTERM"
+    assert survivor["time"] - killed["time"] < TIMEOUT_S / 2

@@ -13,7 +13,8 @@ import traceback
 
 import torch.distributed as dist
 
-from tests.distributed import case_collectives, case_failures, case_parallel, case_training  # noqa: F401  (fill CASES)
+from tests.distributed import (case_collectives, case_failures, case_parallel, case_restart,  # noqa: F401
+                               case_training)  # (fill CASES)
 from tests.distributed.common import CASES, failures
 
 

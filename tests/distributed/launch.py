@@ -100,18 +100,19 @@ def expect_success(results: list[Result]) -> list[dict]:
 
 
 def torchrun(script_args: list[str], nprocs: int, outdir: Path, env: dict, timeout: float = 180.0,
-             nnodes: int = 1) -> list[dict]:
+             nnodes: int = 1, args: list[str] | None = None, max_restarts: int = 0) -> list[dict]:
     """`python -m torch.distributed.run` itself (not `launch`'s environment), each worker
-    writing `outdir/out{rank}.json`: `--standalone` for one node, or `nnodes` launchers
-    ("hosts" on this machine) meeting at a c10d rendezvous on localhost, `nprocs` workers
-    each. On timeout the launchers and their workers are killed. Returns each rank's JSON."""
+    writing `outdir/out{rank}.json` (`args` follow that path): `--standalone` for one node,
+    or `nnodes` launchers ("hosts" on this machine) meeting at a c10d rendezvous on
+    localhost, `nprocs` workers each, restarted up to `max_restarts` times. On timeout the
+    launchers and their workers are killed. Returns each rank's JSON."""
     if nnodes == 1:
         rendezvous = ["--standalone"]
     else:
         rendezvous = [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port_pair()}",
                       "--rdzv-id=pjrt-test"]
     command = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nprocs}",
-               *script_args, str(outdir / "out{rank}.json")]
+               f"--max-restarts={max_restarts}", *script_args, str(outdir / "out{rank}.json"), *(args or [])]
     jobs = [subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True) for _ in range(nnodes)]
     deadline = time.monotonic() + timeout
