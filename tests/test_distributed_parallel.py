@@ -62,11 +62,13 @@ def test_two_nodes_of_two_processes_train_as_one(case, tmp_path):
 
 
 @pytest.mark.slow  # two launchers, a failed start and a restart: about 2 minutes on 2 loaded cores (docs/distributed.md)
-def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_last_checkpoint(tmp_path):
-    """Two launchers (two "hosts"), one DDP rank each, `--max-restarts=1`. Rank 1 exits
-    mid-step in the first start (tests/distributed/case_restart.py); rank 0 must get an
-    error or be stopped by its agent well within the group's timeout, and the restarted job
-    must load the last distributed checkpoint (step 1) and end equal to full-batch training."""
+@pytest.mark.parametrize("killed", [1, 0], ids=["rank1", "rank0_jax_coordinator"])
+def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_last_checkpoint(killed, tmp_path):
+    """Two launchers (two "hosts"), one DDP rank each, `--max-restarts=1`. One rank exits
+    mid-step in the first start (tests/distributed/case_restart.py); the other must get an
+    error, be stopped by its agent, or (when rank 0, JAX's coordinator, is the one lost) be
+    aborted by JAX, well within the group's timeout; the restarted job must load the last
+    distributed checkpoint (step 1) and end equal to full-batch training."""
     import json
     import time
 
@@ -78,17 +80,25 @@ def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_las
                OMP_NUM_THREADS="1")
     start = time.monotonic()
     values = torchrun(["-m", "tests.distributed.cases", "restart"], 1, tmp_path, env, 400, nnodes=2,
-                      args=[str(checkpoints)], max_restarts=1)
+                      args=[str(checkpoints), str(killed)], max_restarts=1)
     print(f"killed, restarted and resumed in {time.monotonic() - start:.0f} s")
     assert all(not v["failures"] for v in values), [v["failures"] for v in values]
     assert [(v["first_start"], v["resumed_after_step"]) for v in values] == [(False, KILLED_IN_STEP - 1)] * 2
-    killed = json.loads((checkpoints / "killed").read_text())
-    survivor = json.loads((checkpoints / "survivor").read_text())
-    assert killed["rank"] == 1 and survivor["rank"] == 0
-    print("the other rank:", survivor)
+    lost = json.loads((checkpoints / "killed").read_text())
+    assert lost["rank"] == killed
+    fault = checkpoints / "survivor_fault"
+    if (checkpoints / "survivor").exists():
+        survivor = json.loads((checkpoints / "survivor").read_text())
+        assert survivor["rank"] == 1 - killed
+    else:  # aborted: faulthandler wrote the traceback
+        assert fault.read_text(), "the other rank left no error, no SIGTERM and no abort"
+        survivor = {"aborted": fault.read_text().splitlines()[0], "time": fault.stat().st_mtime}
+    print("the other rank:", survivor, f"{survivor['time'] - lost['time']:.2f} s after the loss")
     if "error" in survivor:  # the collective in flight names its failure
         # "Connection closed by peer" or "Connection reset by peer", as gloo's socket saw it
         assert "all_reduce" in survivor["error"] and "by peer" in survivor["error"], survivor["error"]
-    else:
+    elif "stopped_by" in survivor:
         assert survivor["stopped_by"] == "SIGTERM"
-    assert survivor["time"] - killed["time"] < TIMEOUT_S / 2
+    else:
+        assert killed == 0, survivor  # JAX aborts the others only when its coordinator is lost
+    assert survivor["time"] - lost["time"] < TIMEOUT_S / 2

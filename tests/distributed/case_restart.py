@@ -2,6 +2,7 @@
 hanging, and the restarted job resumes from its last distributed checkpoint."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -24,11 +25,13 @@ def _record(directory: Path, name: str, **what) -> None:
 
 
 @case
-def restart(directory: str) -> dict:
+def restart(directory: str, killed: str = "1") -> dict:
     """DDP on pjrt, a DCP checkpoint after every step (`directory`/step{k}, then `latest`).
-    In the job's first start rank 1 exits in the middle of step KILLED_IN_STEP (after its
-    forward pass, while rank 0 is in the backward pass's all-reduce); rank 0 records the
-    error it gets, or that the agent stopped it (SIGTERM). torchrun restarts both; they load
+    In the job's first start rank `killed` exits in the middle of step KILLED_IN_STEP (after
+    its forward pass, while the other rank is in the backward pass's all-reduce); the other
+    rank records the error it gets, that the agent stopped it (SIGTERM), or (faulthandler's
+    file `survivor_fault`) that JAX aborted it: rank 0 hosts JAX's coordinator, whose loss
+    JAX answers with an abort. torchrun restarts both; they load
     the latest checkpoint, train the remaining steps, and the final parameters must equal
     one process training on the full batches. (The first start is told by a marker file,
     not TORCHELASTIC_RESTART_COUNT: each launcher counts its own restarts, and the one whose
@@ -40,12 +43,13 @@ def restart(directory: str) -> dict:
     directory = Path(directory)
     first_start = not (directory / "killed").exists()
     init(timeout_s=TIMEOUT_S)
-    rank = dist.get_rank()
-    if first_start and rank == 0:
+    rank, killed = dist.get_rank(), int(killed)
+    if first_start and rank != killed:
         def stopped(signum, frame):  # the elastic agent stops the workers of a failed round
             _record(directory, "survivor", stopped_by="SIGTERM")
             os._exit(128 + signum)
         signal.signal(signal.SIGTERM, stopped)
+        faulthandler.enable(open(directory / "survivor_fault", "w"))  # an abort leaves its traceback
 
     data, model, opt = gpt_setup(pjrt(), seed=0, **_MODEL)  # one process, full batches, no interruption
     _train(model, opt, _batches(data, STEPS), pjrt())
@@ -66,7 +70,7 @@ def restart(directory: str) -> dict:
         x, y = batches[step]
         rows = _my_rows()
         _, loss = ddp(x[rows].to(pjrt()), y[rows].to(pjrt()))
-        if first_start and step == KILLED_IN_STEP and rank == 1:
+        if first_start and step == KILLED_IN_STEP and rank == killed:
             _record(directory, "killed", step=step)
             os._exit(3)  # no clean-up: the process is gone mid-step, as a lost node's are
         opt.zero_grad(set_to_none=True)
