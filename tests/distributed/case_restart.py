@@ -25,8 +25,8 @@ def _record(directory: Path, name: str, **what) -> None:
 
 
 @case
-def restart(directory: str, killed: str = "1") -> dict:
-    """DDP on pjrt, a DCP checkpoint after every step (`directory`/step{k}, then `latest`).
+def restart(directory: str, killed: str = "1", wrapper: str = "ddp") -> dict:
+    """DDP (or FSDP2: `wrapper`) on pjrt, a DCP checkpoint after every step (`directory`/step{k}, then `latest`).
     In the job's first start rank `killed` exits in the middle of step KILLED_IN_STEP (after
     its forward pass, while the other rank is in the backward pass's all-reduce); the other
     rank records the error it gets, that the agent stopped it (SIGTERM), or (faulthandler's
@@ -55,7 +55,15 @@ def restart(directory: str, killed: str = "1") -> dict:
     _train(model, opt, _batches(data, STEPS), pjrt())
     reference = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     data, model, opt = gpt_setup(pjrt(), seed=0, **_MODEL)
-    ddp = DDP(model, bucket_cap_mb=0.02)  # several buckets: all-reduces in flight when the peer dies
+    if wrapper == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from tests.distributed.case_training import _fully_shard
+
+        ddp = _fully_shard(model, init_device_mesh("pjrt", (dist.get_world_size(),)))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)  # gpt_setup's, on the shards
+    else:
+        ddp = DDP(model, bucket_cap_mb=0.02)  # several buckets: all-reduces in flight when the peer dies
     batches = _batches(data, STEPS)
     start = 0
     if (directory / "latest").exists():
@@ -88,6 +96,8 @@ def restart(directory: str, killed: str = "1") -> dict:
         if rank == 0:
             (directory / "latest").write_text(str(step))
 
-    for name, value in model.state_dict().items():
-        check_equal(f"resumed DDP parameter {name}", value, reference[name], rtol=1e-4, atol=1e-5)
+    from tests.distributed.case_training import _full_state
+
+    for name, value in _full_state(model).items():
+        check_equal(f"resumed {wrapper} parameter {name}", value, reference[name], rtol=1e-4, atol=1e-5)
     return {"first_start": first_start, "resumed_after_step": start - 1}
