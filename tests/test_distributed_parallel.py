@@ -61,15 +61,17 @@ def test_two_nodes_of_two_processes_train_as_one(case, tmp_path):
     _two_nodes(case, 2, tmp_path, 600)
 
 
-@pytest.mark.slow  # two launchers, a failed start and a restart: about 2 minutes each on 2 loaded cores (docs/distributed.md)
-@pytest.mark.parametrize("killed,wrapper", [(1, "ddp"), (0, "ddp"), (1, "fsdp")],
-                         ids=["rank1", "rank0_jax_coordinator", "rank1_fsdp2"])
-def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_last_checkpoint(killed, wrapper, tmp_path):
-    """Two launchers (two "hosts"), one DDP (or FSDP2) rank each, `--max-restarts=1`. One rank exits
-    mid-step in the first start (tests/distributed/case_restart.py); the other must get an
-    error, be stopped by its agent, or (when rank 0, JAX's coordinator, is the one lost) be
-    aborted by JAX, well within the group's timeout; the restarted job must load the last
-    distributed checkpoint (step 1) and end equal to full-batch training."""
+@pytest.mark.slow  # two launchers, a failed start and a restart: 2 to 4 minutes each on 2 loaded cores (docs/distributed.md)
+@pytest.mark.parametrize("nproc,killed,wrapper", [(1, 1, "ddp"), (1, 0, "ddp"), (1, 1, "fsdp"), (2, 2, "ddp")],
+                         ids=["rank1", "rank0_jax_coordinator", "rank1_fsdp2", "2x2_rank2"])
+def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_last_checkpoint(
+        nproc, killed, wrapper, tmp_path):
+    """Two launchers (two "hosts"), `nproc` DDP (or FSDP2) ranks each, `--max-restarts=1`.
+    One rank exits mid-step in the first start (tests/distributed/case_restart.py); the
+    others must get an error, be stopped by their agent, or (when rank 0, JAX's
+    coordinator, is the one lost) be aborted by JAX, well within the group's timeout; the
+    restarted job must load the last distributed checkpoint (step 1) and end equal to
+    full-batch training."""
     import json
     import time
 
@@ -80,26 +82,29 @@ def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_las
     env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO),
                OMP_NUM_THREADS="1")
     start = time.monotonic()
-    values = torchrun(["-m", "tests.distributed.cases", "restart"], 1, tmp_path, env, 400, nnodes=2,
+    values = torchrun(["-m", "tests.distributed.cases", "restart"], nproc, tmp_path, env, 560, nnodes=2,
                       args=[str(checkpoints), str(killed), wrapper], max_restarts=1)
     print(f"killed, restarted and resumed in {time.monotonic() - start:.0f} s")
     assert all(not v["failures"] for v in values), [v["failures"] for v in values]
-    assert [(v["first_start"], v["resumed_after_step"]) for v in values] == [(False, KILLED_IN_STEP - 1)] * 2
+    assert [(v["first_start"], v["resumed_after_step"]) for v in values] == [(False, KILLED_IN_STEP - 1)] * 2 * nproc
     lost = json.loads((checkpoints / "killed").read_text())
     assert lost["rank"] == killed
-    fault = checkpoints / "survivor_fault"
-    if (checkpoints / "survivor").exists():
-        survivor = json.loads((checkpoints / "survivor").read_text())
-        assert survivor["rank"] == 1 - killed
-    else:  # aborted: faulthandler wrote the traceback
-        assert fault.read_text(), "the other rank left no error, no SIGTERM and no abort"
-        survivor = {"aborted": fault.read_text().splitlines()[0], "time": fault.stat().st_mtime}
-    print("the other rank:", survivor, f"{survivor['time'] - lost['time']:.2f} s after the loss")
-    if "error" in survivor:  # the collective in flight names its failure
-        # "Connection closed by peer" or "Connection reset by peer", as gloo's socket saw it
-        assert "CollectiveError" in survivor["error"] and "by peer" in survivor["error"], survivor["error"]
-    elif "stopped_by" in survivor:
-        assert survivor["stopped_by"] == "SIGTERM"
-    else:
-        assert killed == 0, survivor  # JAX aborts the others only when its coordinator is lost
-    assert survivor["time"] - lost["time"] < TIMEOUT_S / 2
+    evidence = {}  # rank -> what it recorded; a rank stopped while inside C++ (SIGKILL after SIGTERM) records nothing
+    for rank in set(range(2 * nproc)) - {killed}:
+        record, fault = checkpoints / f"survivor{rank}", checkpoints / f"fault{rank}"
+        if record.exists():
+            evidence[rank] = json.loads(record.read_text())
+        elif fault.exists() and fault.read_text():  # aborted: faulthandler wrote the traceback
+            evidence[rank] = {"aborted": fault.read_text().splitlines()[0], "time": fault.stat().st_mtime}
+    print("the other ranks:", {r: {k: str(v)[:160] for k, v in e.items()} for r, e in evidence.items()})
+    assert any("error" in e for e in evidence.values()), evidence  # someone saw the collective fail
+    for rank, e in evidence.items():
+        if "error" in e:  # the collective in flight names its failure
+            # "Connection closed by peer" or "Connection reset by peer", as gloo's socket saw it
+            assert "CollectiveError" in e["error"] and "by peer" in e["error"], e["error"]
+            assert e["time"] - lost["time"] < TIMEOUT_S / 2
+        else:  # stopped by its agent, or aborted by JAX: no hang, though no error of its own either
+            # (2x2: rank 0 was aborted 31 s after rank 2's loss, see docs/distributed.md)
+            assert e.get("stopped_by", "SIGTERM") == "SIGTERM"
+            assert e["time"] - lost["time"] < TIMEOUT_S
+        print(f"rank {rank}: {e['time'] - lost['time']:.2f} s after the loss")
