@@ -94,8 +94,9 @@ def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_las
         record, fault = checkpoints / f"survivor{rank}", checkpoints / f"fault{rank}"
         if record.exists():
             evidence[rank] = json.loads(record.read_text())
-        elif fault.exists() and fault.read_text():  # aborted: faulthandler wrote the traceback
-            evidence[rank] = {"aborted": fault.read_text().splitlines()[0], "time": fault.stat().st_mtime}
+        elif fault.exists() and fault.read_text():  # stopped (SIGTERM) or aborted: faulthandler wrote the traceback
+            how = "aborted" if fault.read_text().startswith("Fatal Python error") else "stopped"
+            evidence[rank] = {how: fault.read_text().splitlines()[0], "time": fault.stat().st_mtime}
     print("the other ranks:", {r: {k: str(v)[:160] for k, v in e.items()} for r, e in evidence.items()})
     assert any("error" in e for e in evidence.values()), evidence  # someone saw the collective fail
     for rank, e in evidence.items():
@@ -104,7 +105,5 @@ def test_node_killed_mid_step_stops_the_others_and_torchrun_resumes_from_the_las
             assert "CollectiveError" in e["error"] and "by peer" in e["error"], e["error"]
             assert e["time"] - lost["time"] < TIMEOUT_S / 2
         else:  # stopped by its agent, or aborted by JAX: no hang, though no error of its own either
-            # (2x2: rank 0 was aborted 31 s after rank 2's loss, see docs/distributed.md)
-            assert e.get("stopped_by", "SIGTERM") == "SIGTERM"
-            assert e["time"] - lost["time"] < TIMEOUT_S
+            assert e["time"] - lost["time"] < TIMEOUT_S / 2
         print(f"rank {rank}: {e['time'] - lost['time']:.2f} s after the loss")

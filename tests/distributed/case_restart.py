@@ -20,6 +20,9 @@ STEPS, KILLED_IN_STEP = 4, 2  # rank 1 dies in step 2 (0-based) of the first sta
 TIMEOUT_S = 60  # the process group's timeout: the other rank must stop well within it
 
 
+_FAULTS: list = []  # faulthandler's open files
+
+
 def _record(directory: Path, name: str, **what) -> None:
     (directory / name).write_text(json.dumps(dict(what, time=time.time(), rank=dist.get_rank())))
 
@@ -30,8 +33,8 @@ def restart(directory: str, killed: str = "1", wrapper: str = "ddp") -> dict:
     (`directory`/step{k}, then `latest`). In the job's first start rank `killed` exits in
     the middle of step KILLED_IN_STEP (after its forward pass, while the others are in the
     backward pass's collectives); each other rank records (`survivor{rank}`) the error it
-    gets or that its agent stopped it (SIGTERM); faulthandler's file `fault{rank}` shows an
-    abort (JAX aborts the others when rank 0, its coordinator, is lost). torchrun restarts
+    gets; faulthandler's file `fault{rank}` shows that its agent stopped it (SIGTERM) or JAX
+    aborted it. torchrun restarts
     them all; they load the latest checkpoint, train the remaining steps, and the final
     parameters must equal one process training on the full batches. (The first start is
     told by a marker file, not TORCHELASTIC_RESTART_COUNT: each launcher counts its own
@@ -46,11 +49,12 @@ def restart(directory: str, killed: str = "1", wrapper: str = "ddp") -> dict:
     init(timeout_s=TIMEOUT_S)
     rank, killed = dist.get_rank(), int(killed)
     if first_start and rank != killed:
-        def stopped(signum, frame):  # the elastic agent stops the workers of a failed round
-            _record(directory, f"survivor{rank}", stopped_by="SIGTERM")
-            os._exit(128 + signum)
-        signal.signal(signal.SIGTERM, stopped)
-        faulthandler.enable(open(directory / f"fault{rank}", "w"))  # an abort leaves its traceback
+        # an abort, or the agent's SIGTERM (then handled as by default: the process ends), leaves
+        # every thread's traceback there. In C, so a main thread blocked in C++ does not delay
+        # it, as it would a Python signal handler (and with it the process's end)
+        _FAULTS.append(open(directory / f"fault{rank}", "w"))
+        faulthandler.enable(_FAULTS[-1])
+        faulthandler.register(signal.SIGTERM, _FAULTS[-1], chain=True)
 
     data, model, opt = gpt_setup(pjrt(), seed=0, **_MODEL)  # one process, full batches, no interruption
     _train(model, opt, _batches(data, STEPS), pjrt())
