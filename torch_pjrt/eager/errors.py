@@ -56,10 +56,7 @@ def meta_check(lowering, sig, values, concrete=None):
     op = lowering.op
     if op in _META_UNRELIABLE:
         return None
-    concrete = concrete or {}
-    args = [concrete[i] if i in concrete else _as_meta(name, SCALAR if name in lowering.traced else kind, v)
-            for i, (name, kind, v) in enumerate(zip(sig.names, sig.kinds, values))]
-    outputs, refusal = _run_meta(op, *sig.split(args))
+    outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))
     if refusal is not None:  # the oracle decides what to raise
         raise MetaRejected(refusal) from None
     return outputs
@@ -80,6 +77,14 @@ def _run_meta(op, pos: list, kw: dict):
         return None, e
     except Exception:  # noqa: BLE001  (a meta kernel's own bug, e.g. AttributeError)
         return None, None
+
+
+def meta_values(lowering, sig, values, concrete=None) -> list:
+    """A call's prepared values (arrays, Pendings, storage views, static arguments) as the op's
+    meta kernel takes them, in schema order (see meta_check for `concrete`)."""
+    concrete = concrete or {}
+    return [concrete[i] if i in concrete else _as_meta(name, SCALAR if name in lowering.traced else kind, v)
+            for i, (name, kind, v) in enumerate(zip(sig.names, sig.kinds, values))]
 
 
 def _as_meta(name, kind, v):

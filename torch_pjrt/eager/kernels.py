@@ -119,7 +119,8 @@ class Kernel:
         values = list(values[:len(self.sig.names)])
         checks = bounds.errors_of(self.index_probes, self.op, values) if self.index_probes is not None else ()
         growth = self.lowering.grows(values) if self.lowering.grows is not None else None
-        ints = self.int_values(*self.sig.split(_meta_of(values))) if self.int_returns else ()
+        ints = self.int_values(*self.sig.split(errors.meta_values(self.lowering, self.sig, values))) \
+            if self.int_returns else ()
         return SignatureTraits(checks, growth is not None and growth.length is not None, tuple(ints))
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
@@ -249,21 +250,6 @@ def _geometry(values):
     if isinstance(values, (list, tuple)):
         return type(values), tuple(_geometry(v) for v in values)
     return type(values), values
-
-
-def _meta_of(values: list) -> list:
-    """Prepared values (arrays, Pendings, storage views, static arguments) as the op's meta kernel
-    takes them: tensors as meta tensors of the same geometry."""
-    def meta(v):
-        if isinstance(v, (list, tuple)):
-            return type(v)(meta(x) for x in v)
-        geometry = getattr(v, "geometry", None)  # a StridedView: its sizes and strides
-        if geometry is not None:
-            return torch.empty_strided(geometry.size, geometry.stride, dtype=to_torch(v.dtype), device="meta")
-        if hasattr(v, "shape") and hasattr(v, "dtype"):
-            return torch.empty(tuple(v.shape), dtype=to_torch(v.dtype), device="meta")
-        return v
-    return [meta(v) for v in values]
 
 
 def _as_meta(values):

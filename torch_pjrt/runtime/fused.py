@@ -93,8 +93,8 @@ class Recordable:
     `static`: its static argument positions (as given to jax.jit); `jit=False`: a function
     whose output shape depends on data, which runs at once on arrays (a sync point);
     `device`: where a function without array operands puts its outputs (fresh memory);
-    `describe(args)`: what the C++ recorder keeps per call signature for its kernel (an
-    indexing op's exception factories, index_checks.describe)."""
+    `describe(args)`: what the C++ recorder keeps per call signature for its kernel (the same
+    for every call of one signature: eager.kernels.SignatureTraits)."""
 
     __slots__ = ("fn", "static", "name", "jit", "device", "describe", "__weakref__")
 
