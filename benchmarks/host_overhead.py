@@ -2,6 +2,7 @@
 
     python benchmarks/host_overhead.py                 # markdown table, load average, fast-path counts
     python benchmarks/host_overhead.py --rounds 11 --modes fused,op
+    TORCH_PJRT_PLATFORM=gpu python benchmarks/host_overhead.py --peer cuda   # on a GPU: against torch CUDA eager
 
 At these shapes the arithmetic is negligible, so a step's time is its host work: Python,
 autograd, the dispatcher and, for pjrt, recording and dispatching its executables. That is what
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--modes", default="fused", help="pjrt eager modes (torch_pjrt.set_eager_mode)")
+    parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
     args = parser.parse_args()
     torch.set_num_threads(1)
     modes = args.modes.split(",")
@@ -105,7 +107,7 @@ def main() -> None:
     rows = []
     for name in names:
         make, every, per = WORKLOADS[name]
-        runners = [Runner(make, "cpu", None, args.warmup, every)]
+        runners = [Runner(make, args.peer, None, args.warmup, every)]
         runners += [Runner(make, "pjrt", mode, args.warmup, every) for mode in modes]
         for _ in range(args.rounds):
             for runner in runners:
@@ -116,11 +118,12 @@ def main() -> None:
     print(f"torch {torch.__version__} on 1 thread, pjrt {torch.pjrt.get_device_name()}, medians of {args.rounds} "
           f"interleaved rounds; load average (1 min) {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
           + ("  ** loaded: ratios are not results **" if max(loads) > 2 else "") + "\n")
-    print(f"| workload ({unit}) | torch CPU eager | " + " | ".join(f"pjrt {m} | {m} / CPU" for m in modes) + " |")
+    peer = args.peer.upper()
+    print(f"| workload ({unit}) | torch {peer} eager | " + " | ".join(f"pjrt {m} | {m} / {peer}" for m in modes) + " |")
     print("|---|---:|" + "---:|---:|" * len(modes))
-    for name, per, (cpu, *pjrt) in rows:
-        cells = " | ".join(f"{r.median / per * 1e3:.2f} | {r.median / cpu.median:.2f}x" for r in pjrt)
-        print(f"| {name} | {cpu.median / per * 1e3:.2f} | {cells} |")
+    for name, per, (peer_row, *pjrt) in rows:
+        cells = " | ".join(f"{r.median / per * 1e3:.2f} | {r.median / peer_row.median:.2f}x" for r in pjrt)
+        print(f"| {name} | {peer_row.median / per * 1e3:.2f} | {cells} |")
     print("\nWhat one more step of each pjrt row runs in Python (eager_stats()['paths']):")
     for name, _, (_, *pjrt) in rows:
         for runner in pjrt:
