@@ -23,11 +23,13 @@ step() {  # step NAME SECONDS COMMAND...: run it, keep its output in $OUT/NAME.t
     rc=$?
     echo "   rc=$rc, $(( $(date +%s) - start )) s"
     grep -v "Warning\|warnings.warn\|trace_to_jaxpr" "$OUT/$name.txt" | tail -n 30
+    return $rc
 }
 
 step env 60 sh -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; uptime;
   python -c "import torch, jax; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available()); print(\"jax\", jax.__version__, jax.devices())"'
-step build 300 python -c "import time; t = time.time(); import torch, torch_pjrt; print((torch.ones(4, device='pjrt') + 1).cpu(), torch.pjrt.get_device_name(), f'{time.time() - t:.0f} s')"
+step build 300 python -c "import time; t = time.time(); import torch, torch_pjrt; print((torch.ones(4, device='pjrt') + 1).cpu(), torch.pjrt.get_device_name(), f'{time.time() - t:.0f} s')" \
+  || { echo "== stopped: torch_pjrt did not build or import, so every later step would fail"; exit 1; }
 step checks 150 python benchmarks/gpu_checks.py
 step host 120 python benchmarks/host_overhead.py --peer cuda --rounds 5 --warmup 3
 step llm 240 python -m torch_pjrt.cli bench --workload llm --dtype bfloat16 --batch-sizes 1,8 --prompt-lengths 128 \

@@ -220,9 +220,10 @@ def _foreach_max(self):
 # copies
 
 
-@lowering(aten._foreach_clone.default)
-def _foreach_clone(self, *, memory_format=None):
-    return [jnp.array(x, copy=True) for x in self]
+if hasattr(aten, "_foreach_clone"):  # new in torch 2.12
+    @lowering(aten._foreach_clone.default)
+    def _foreach_clone(self, *, memory_format=None):
+        return [jnp.array(x, copy=True) for x in self]
 
 
 @lowering(aten._foreach_copy.default)
@@ -236,10 +237,11 @@ def _foreach_zero(self):
     return [jnp.zeros(x.shape, x.dtype) for x in self]
 
 
-@lowering(aten._foreach_mm.default)
-def _foreach_mm(self, mat2):
-    _same_length("_foreach_mm", self, mat2)
-    mm = LOWERINGS.get(aten.mm.default)  # the nn family's matmul, looked up when traced
-    if mm is not None:
-        return [mm.fn(a, b) for a, b in zip(self, mat2)]
-    return [jnp.matmul(a, b, precision="highest") for a, b in zip(self, mat2)]
+if hasattr(aten, "_foreach_mm"):  # new in torch 2.12
+    @lowering(aten._foreach_mm.default)
+    def _foreach_mm(self, mat2):
+        _same_length("_foreach_mm", self, mat2)
+        mm = LOWERINGS.get(aten.mm.default)  # the nn family's matmul, looked up when traced
+        if mm is not None:
+            return [mm.fn(a, b) for a, b in zip(self, mat2)]
+        return [jnp.matmul(a, b, precision="highest") for a, b in zip(self, mat2)]
