@@ -104,14 +104,18 @@ def main() -> None:
     modes = args.modes.split(",")
     names = [n for n in args.workloads.split(",") if _hf_available() or not n.startswith("hf-")]
     loads = [os.getloadavg()[0]]
-    rows = []
+    rows, failed = [], []
     for name in names:
         make, every, per = WORKLOADS[name]
-        runners = [Runner(make, args.peer, None, args.warmup, every)]
-        runners += [Runner(make, "pjrt", mode, args.warmup, every) for mode in modes]
-        for _ in range(args.rounds):
-            for runner in runners:
-                runner.time_one()
+        try:
+            runners = [Runner(make, args.peer, None, args.warmup, every)]
+            runners += [Runner(make, "pjrt", mode, args.warmup, every) for mode in modes]
+            for _ in range(args.rounds):
+                for runner in runners:
+                    runner.time_one()
+        except Exception as e:  # noqa: BLE001  (one row's failure is that row's result)
+            failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            continue
         rows.append((name, per, runners))
         loads.append(os.getloadavg()[0])
     unit = "ms per step (hf: per token)"
@@ -124,6 +128,8 @@ def main() -> None:
     for name, per, (peer_row, *pjrt) in rows:
         cells = " | ".join(f"{r.median / per * 1e3:.2f} | {r.median / peer_row.median:.2f}x" for r in pjrt)
         print(f"| {name} | {peer_row.median / per * 1e3:.2f} | {cells} |")
+    for line in failed:
+        print(f"| {line} |")
     print("\nWhat one more step of each pjrt row runs in Python (eager_stats()['paths']):")
     for name, _, (_, *pjrt) in rows:
         for runner in pjrt:

@@ -132,13 +132,17 @@ def main():
         torch.set_num_threads(args.threads)
 
     modes = args.modes.split(",")
-    rows, profiles = [], {}
+    rows, profiles, failed = [], {}, []
     for name in args.workloads.split(","):
-        runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup, args.sync_every)]
-        runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup, args.sync_every) for mode in modes]
-        for _ in range(args.steps):  # interleaved: a load change hits every row alike
-            for runner in runners:
-                runner.time_one()
+        try:
+            runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup, args.sync_every)]
+            runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup, args.sync_every) for mode in modes]
+            for _ in range(args.steps):  # interleaved: a load change hits every row alike
+                for runner in runners:
+                    runner.time_one()
+        except Exception as e:  # noqa: BLE001  (one row's failure is that row's result)
+            failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            continue
         rows.append((name, runners))
         if not args.no_profile:
             runners[1].enter()
@@ -156,6 +160,8 @@ def main():
     for name, (peer_row, *pjrt_rows) in rows:
         cells = " | ".join(f"{r.median * 1e3:.1f} | {r.median / peer_row.median:.2f}x | {r.first:.1f}" for r in pjrt_rows)
         print(f"| {name} | {peer_row.median * 1e3:.1f} | {cells} |")
+    for line in failed:
+        print(f"| {line} |")
     for name, (ops, top) in profiles.items():
         pjrt = next(r for n, r in rows if n == name)[1].median
         print(f"\n{name} on pjrt ({modes[0]}): {ops} top-level aten calls per step, {pjrt / ops * 1e6:.0f} us per call on average")

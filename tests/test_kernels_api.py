@@ -170,6 +170,33 @@ def test_autotuner_picks_and_caches_per_shape(monkeypatch, tmp_path):
     assert not (tmp_path / "autotune.json").exists()
 
 
+def test_kernel_no_candidate_compiles_runs_its_reference(monkeypatch, tmp_path):
+    """A kernel with no block size that builds (a new GPU, a jax whose Pallas lowering changed: seen
+    on the first H200 session) runs its reference with a warning naming the first failure, forward
+    and backward, and is not tuned again for the same shapes."""
+    monkeypatch.setenv("TORCH_PJRT_AUTOTUNE", "1")
+    monkeypatch.setenv("TORCH_PJRT_CACHE_DIR", str(tmp_path))
+    autotune.clear()
+    tried = []
+
+    @kernels.kernel("test_kernels::never_builds", reference=lambda x: x * 3, tune={"block": (8, 16)})
+    def never_builds(x: torch.Tensor, *, block: int = 8) -> torch.Tensor:
+        tried.append(block)
+        raise ValueError(f"block {block} does not lower here")
+
+    x = torch.randn(32, 4, requires_grad=True)
+    xp = x.detach().to("pjrt").requires_grad_()
+    with pytest.warns(RuntimeWarning, match="runs its reference .* ValueError: block 8 does not lower here"):
+        out = never_builds(xp)
+    out.sum().backward()
+    torch.testing.assert_close(out.cpu(), x.detach() * 3)
+    torch.testing.assert_close(xp.grad.cpu(), torch.full_like(x, 3.0))
+    assert tried == [8, 16]  # tuned once: the backward and later calls reuse the finding
+    with pytest.raises(autotune.NoWorkingConfig, match="every candidate failed"):
+        autotune.best(next(iter(autotune._failed)), [{"block": 8}], lambda c: 0.0)
+    autotune.clear()
+
+
 def _rows(block):
     from jax.experimental import pallas as pl
 

@@ -26,6 +26,7 @@ import numpy as np
 
 _lock = threading.Lock()
 _memory: dict[str, dict] = {}
+_failed: dict[str, str] = {}  # key -> why no candidate worked (this process only)
 _loaded_from: Path | None = None
 TIMED_RUNS = 5
 
@@ -85,19 +86,28 @@ def lookup(k: str) -> dict | None:
         return _memory.get(k)
 
 
+class NoWorkingConfig(RuntimeError):
+    """Every candidate configuration failed to compile or run for one key."""
+
+
 def best(k: str, configs: list[dict], measure: Callable[[dict], float]) -> dict:
-    """The config with the lowest `measure(config)` (seconds); candidates that fail are skipped."""
+    """The config with the lowest `measure(config)` (seconds); candidates that fail are skipped.
+    Raises NoWorkingConfig (remembered for the process: no second round of failing compiles)."""
     found = lookup(k)
     if found is not None:
         return found
-    timings = []
+    if k in _failed:
+        raise NoWorkingConfig(_failed[k])
+    timings, first_error = [], None
     for config in configs:
         try:
             timings.append((measure(config), config))
-        except Exception:  # noqa: BLE001  (a block size the hardware rejects is just not a candidate)
-            continue
+        except Exception as e:  # noqa: BLE001  (a block size the hardware rejects is just not a candidate)
+            first_error = first_error or e
     if not timings:
-        raise RuntimeError(f"pjrt kernel autotune: every candidate failed for {k}: {configs}")
+        _failed[k] = (f"pjrt kernel autotune: every candidate failed for {k}: {configs}; the first one with "
+                      f"{type(first_error).__name__}: {str(first_error)[:2000]}")
+        raise NoWorkingConfig(_failed[k]) from first_error
     choice = min(timings, key=lambda t: t[0])[1]
     with _lock:
         _memory[k] = choice
@@ -110,6 +120,7 @@ def clear(disk: bool = False) -> None:
     global _loaded_from
     with _lock:
         _memory.clear()
+        _failed.clear()
         _loaded_from = None  # the next lookup reads the file again
         if disk:
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -140,9 +141,23 @@ class Kernel:
             return self._run("cpu", args, kwargs)
 
     def _run(self, platform_name: str, args, kwargs):
-        fn, tunable = self.implementation(platform_name, args, kwargs)
-        config = self._config(fn, platform_name, args, kwargs) if tunable else {}
+        fn, config = self._choose(platform_name, args, kwargs)
         return _as_jax_result(fn(*args, **kwargs, **config))
+
+    def _choose(self, platform_name: str, args, kwargs) -> tuple[Callable, dict]:
+        """(function, its tunables) for one call: `implementation` with its tuned block sizes, or the
+        reference where no candidate compiles on this platform (a kernel that does not build on a
+        new GPU or jax must not stop the model: a warning says why)."""
+        fn, tunable = self.implementation(platform_name, args, kwargs)
+        if not tunable:
+            return fn, {}
+        try:
+            return fn, self._config(fn, platform_name, args, kwargs)
+        except autotune.NoWorkingConfig as e:
+            if self.reference is None:
+                raise
+            warnings.warn(f"{self.name} runs its reference (XLA) on {platform_name}: {e}", RuntimeWarning)
+            return self.reference, {}
 
     def _config(self, fn, platform_name: str, args, kwargs) -> dict:
         """The tunables for these arguments: tuned (or remembered) where the autotuner runs, else the defaults."""
@@ -231,10 +246,9 @@ class Kernel:
 
     def _backward(self, platform_name: str, args: list, kwargs: dict, outputs: tuple, grads: tuple):
         positions = [i for i in self.tensor_positions if i < len(args)]
-        fn, tunable = self.implementation(platform_name, tuple(args), kwargs)
+        # the backward kernel takes the block sizes the forward was tuned to for these shapes
+        fn, config = self._choose(platform_name, tuple(args), kwargs)
         if self.backward_fn is not None and (fn is not self.reference or self.reference is None):
-            # the backward kernel takes the block sizes the forward was tuned to for these shapes
-            config = self._config(self.fn, platform_name, tuple(args), kwargs) if tunable else {}
             result = self.backward_fn(*args, outputs=outputs, grad_outputs=grads, **kwargs, **config)
             result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
         else:
