@@ -8,8 +8,8 @@ At these shapes the arithmetic is negligible, so a step's time is its host work:
 autograd, the dispatcher and, for pjrt, recording and dispatching its executables. That is what
 an accelerator's eager step costs too (issue 29). torch runs on one thread
 (torch.set_num_threads(1)); rows are timed interleaved, round by round (train_eager.Runner), and
-each number is the median of --rounds samples. A ratio measured at a load average above 2 on this
-2-core machine is not a result. Workloads:
+each number is the median of --rounds samples. A ratio measured at a load average above the
+number of cores is not a result. Workloads:
   gpt-read-1      char GPT, 2 layers, d=32, T=8, batch 1, AdamW + clip_grad_norm_, loss read each step
   gpt-read-10     the same, the loss read every 10 steps (one sample: 10 steps and a synchronize)
   decode          Llama-style decode step (tools/tiny_llama.py: 4 layers, d=64, GQA, static cache
@@ -121,7 +121,7 @@ def main() -> None:
     unit = "ms per step (hf: per token)"
     print(f"torch {torch.__version__} on 1 thread, pjrt {torch.pjrt.get_device_name()}, medians of {args.rounds} "
           f"interleaved rounds; load average (1 min) {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
-          + ("  ** loaded: ratios are not results **" if max(loads) > 2 else "") + "\n")
+          + ("  ** loaded: ratios are not results **" if max(loads) > os.cpu_count() else "") + "\n")
     peer = args.peer.upper()
     print(f"| workload ({unit}) | torch {peer} eager | " + " | ".join(f"pjrt {m} | {m} / {peer}" for m in modes) + " |")
     print("|---|---:|" + "---:|---:|" * len(modes))
