@@ -93,6 +93,19 @@ def compiled_step_matches_eager():
     close(compiled, eager.cpu(), 1e-5, 1e-5)
 
 
+@check
+def cuda_training_untouched_by_installed_pjrt():
+    """With torch-pjrt installed, `import torch` alone leaves CUDA torch's accelerator and lets
+    CUDA train (autoload stands aside where CUDA has devices)."""
+    import subprocess
+
+    code = ("import sys, torch\n"
+            "m = torch.nn.Linear(4, 1).cuda(); m(torch.randn(8, 4, device='cuda')).sum().backward()\n"
+            "print(torch.accelerator.current_accelerator().type, 'torch_pjrt' in sys.modules, m.weight.grad.shape)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["cuda", "False", "torch.Size([1,", "4])"], out.stdout + out.stderr
+
+
 def main() -> int:
     print(f"torch {torch.__version__}, pjrt device {torch.pjrt.get_device_name()}, "
           f"{torch.pjrt.device_count()} device(s)")

@@ -15,6 +15,7 @@ __all__ = ["fallback_ops", "decomposed_ops", "registered_ops", "compile_stats", 
            "reset_eager_stats", "eager_mode", "set_eager_mode"]
 
 _ready = False
+_other_accelerator_at_setup: str | None = None
 
 
 def _setup() -> None:
@@ -38,6 +39,15 @@ def _setup() -> None:
     from . import dtypes
 
     rt.set_unsupported_dtype_handler(dtypes.raise_unsupported_dtype)  # empty() of a dtype JAX cannot hold
+    global _other_accelerator_at_setup
+    _other_accelerator_at_setup = other = other_accelerator()
+    if other is not None:
+        import warnings
+
+        warnings.warn(f"torch-pjrt: pjrt is now torch's accelerator in this process, in place of {other} "
+                      f"(torch takes a registered PrivateUse1 backend first). {other} tensors still work, but "
+                      f"torch's autograd cannot run backward through them here: train on {other} in a process "
+                      f"that does not import torch_pjrt.", stacklevel=2)
     torch.utils.rename_privateuse1_backend("pjrt")
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from . import device as device_module
@@ -140,13 +150,34 @@ def _autoload() -> None:
 
     A failure here must not break `import torch` for everything else: warn and leave
     "pjrt" unregistered; `import torch_pjrt` raises the full error.
+
+    Where torch already has an accelerator with devices (CUDA, XPU, MPS), autoload stands
+    aside: torch keeps one accelerator per process and takes a registered PrivateUse1
+    backend first, so pjrt would replace `torch.accelerator` for every script on the machine,
+    and torch's autograd cannot then run backward through CUDA tensors (torch 2.11 asserts in
+    engine.cpp, seen on an H200). `import torch_pjrt` registers pjrt there all the same.
     """
+    if other_accelerator() is not None:
+        return
     try:
         _setup()
     except Exception as e:  # noqa: BLE001
         import warnings
 
         warnings.warn(f"torch-pjrt: the pjrt device is unavailable: {e}\nRun `torch-pjrt doctor` for details.")
+
+
+def other_accelerator() -> str | None:
+    """The accelerator torch had before pjrt registered ("cuda", "xpu", "mps"), where it has
+    devices; None on a CPU-only torch or machine."""
+    import torch
+
+    if _ready or not hasattr(torch, "accelerator"):
+        return _other_accelerator_at_setup if _ready else None
+    try:
+        return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else None
+    except Exception:  # noqa: BLE001  (a broken driver: no other accelerator to stand aside for)
+        return None
 
 
 def fallback_ops() -> dict[str, int]:

@@ -128,8 +128,11 @@ def autoload_info() -> dict[str, Any]:
                   if e.name == "pjrt"), None)
     value = os.environ.get(AUTOLOAD_VARIABLE)
     enabled_by_env = (value if value is not None else "1") == "1"  # torch's own rule
+    import torch_pjrt
+
     return {"entry_point": entry.value if entry is not None else None,
-            "variable": value, "enabled": entry is not None and enabled_by_env}
+            "variable": value, "enabled": entry is not None and enabled_by_env,
+            "stands_aside_for": torch_pjrt.other_accelerator()}
 
 
 def tool_info(name: str) -> dict[str, str | None]:
@@ -326,7 +329,9 @@ def render(info: dict[str, Any], console: Any = None) -> None:
         ("autoload entry point", show(autoload["entry_point"])),
         (AUTOLOAD_VARIABLE, autoload["variable"] if autoload["variable"] is not None
          else "unset (enabled)"),
-        ("autoload", "[green]enabled[/]" if autoload["enabled"] else "[yellow]off[/]"),
+        ("autoload", f"[yellow]stands aside for {autoload['stands_aside_for']}: import torch_pjrt[/]"
+         if autoload["enabled"] and autoload["stands_aside_for"] else
+         "[green]enabled[/]" if autoload["enabled"] else "[yellow]off[/]"),
     ]
     if info["torch"]["error"]:
         torch_rows.append(("error", f"[red]{info['torch']['error']}[/]"))
