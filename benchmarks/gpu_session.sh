@@ -31,7 +31,7 @@ step env 60 sh -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --for
 step build 300 python -c "import time; t = time.time(); import torch, torch_pjrt; print((torch.ones(4, device='pjrt') + 1).cpu(), torch.pjrt.get_device_name(), f'{time.time() - t:.0f} s')" \
   || { echo "== stopped: torch_pjrt did not build or import, so every later step would fail"; exit 1; }
 step checks 150 python benchmarks/gpu_checks.py
-step host 120 python benchmarks/host_overhead.py --peer cuda --rounds 5 --warmup 3
+step host 120 python benchmarks/host_overhead.py --peer cuda --rounds 5 --warmup 3 --why
 step llm 240 python -m torch_pjrt.cli bench --workload llm --dtype bfloat16 --batch-sizes 1,8 --prompt-lengths 128 \
   --new-tokens 32 --targets pjrt,pjrt-compile,pjrt-reduce-overhead,cuda,cuda-inductor --json "$OUT/llm.json"
 step train 150 python benchmarks/train_eager.py --peer cuda --no-profile

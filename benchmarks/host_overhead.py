@@ -21,6 +21,7 @@ number of cores is not a result. Workloads:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
@@ -98,8 +99,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--modes", default="fused", help="pjrt eager modes (torch_pjrt.set_eager_mode)")
+    parser.add_argument("--why", action="store_true", help="log each region compile and why (torch_pjrt.fused at INFO)")
     parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
     args = parser.parse_args()
+    if args.why:
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("torch_pjrt.fused").setLevel(logging.INFO)
     torch.set_num_threads(1)
     modes = args.modes.split(",")
     names = [n for n in args.workloads.split(",") if _hf_available() or not n.startswith("hf-")]
