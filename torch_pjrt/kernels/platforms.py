@@ -54,12 +54,20 @@ def interpret() -> bool:
 
 
 def pallas_call(kernel: Callable, out_shape: Any, **kwargs) -> Callable:
-    """`jax.experimental.pallas.pallas_call` with `interpret=` chosen for the target platform.
+    """`jax.experimental.pallas.pallas_call` with `interpret=` chosen for the target platform,
+    and on GPUs the Triton backend (the kernel language these kernels are written in: grids of
+    blocks, `pl.ds` loads, loops; jax's default GPU backend is Mosaic GPU, which lowers none of
+    them: every kernel failed on the first H200 session).
 
-    Pass `interpret=` explicitly to override (for example to debug a GPU kernel on CPU)."""
+    Pass `interpret=` or `compiler_params=` explicitly to override (for example to debug a GPU
+    kernel on CPU)."""
     from jax.experimental import pallas as pl
 
     kwargs.setdefault("interpret", interpret())
+    if target() == "gpu" and not kwargs["interpret"] and "compiler_params" not in kwargs:
+        from jax.experimental.pallas import triton as pltriton
+
+        kwargs["compiler_params"] = pltriton.CompilerParams()
     return pl.pallas_call(kernel, out_shape=out_shape, **kwargs)
 
 
