@@ -17,6 +17,8 @@ number of cores is not a result. Workloads:
   chain-250       250 small elementwise ops on an 8x8 tensor, then a synchronize
   hf-llama, hf-gpt2  transformers' generate, 16 new tokens, per token (random tiny weights;
                   skipped without transformers)
+With --peer cuda the GPT rows' CUDA peer runs in a process of its own, before the pjrt rows
+(train_eager.py says why); the other rows stay interleaved in one process.
 """
 from __future__ import annotations
 
@@ -28,10 +30,14 @@ os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
 
 import torch  # noqa: E402
 
-import torch_pjrt  # noqa: E402
-from torch_pjrt.tools import demo_models as dm  # noqa: E402
-from torch_pjrt.tools.tiny_llama import Decoder  # noqa: E402
-from train_eager import Runner  # noqa: E402  (benchmarks/: one timing loop for every eager benchmark)
+# benchmarks/: one timing loop for every eager benchmark, and the CUDA peer's own process
+from train_eager import PEER_PROCESS, PeerProcess, Runner, report_peer, tool  # noqa: E402
+
+if not PEER_PROCESS:
+    import torch_pjrt  # noqa: E402
+dm = tool("demo_models")
+Decoder = tool("tiny_llama").Decoder
+TRAINING = ("gpt-read-1", "gpt-read-10")  # against torch CUDA: in a process of its own (train_eager.py says why)
 
 HF_TOKENS = 16
 
@@ -101,7 +107,14 @@ def main() -> None:
     parser.add_argument("--modes", default="fused", help="pjrt eager modes (torch_pjrt.set_eager_mode)")
     parser.add_argument("--why", action="store_true", help="log each region compile and why (torch_pjrt.fused at INFO)")
     parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
+    parser.add_argument("--peer-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if PEER_PROCESS:
+        make, every, _ = WORKLOADS[args.workloads]
+        runner = Runner(make, args.peer, None, args.warmup, every)
+        for _ in range(args.rounds):
+            runner.time_one()
+        return report_peer(runner)
     if args.why:
         logging.basicConfig(format="%(message)s")
         logging.getLogger("torch_pjrt.fused").setLevel(logging.INFO)
@@ -113,7 +126,10 @@ def main() -> None:
     for name in names:
         make, every, per = WORKLOADS[name]
         try:
-            runners = [Runner(make, args.peer, None, args.warmup, every)]
+            if args.peer == "cuda" and name in TRAINING:
+                runners = [PeerProcess(__file__, name, ["--rounds", str(args.rounds), "--warmup", str(args.warmup)])]
+            else:
+                runners = [Runner(make, args.peer, None, args.warmup, every)]
             runners += [Runner(make, "pjrt", mode, args.warmup, every) for mode in modes]
             for _ in range(args.rounds):
                 for runner in runners:

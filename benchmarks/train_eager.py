@@ -12,21 +12,47 @@ compile pjrt's executables), the rows' steps interleaved; pjrt steps end with
 torch.pjrt.synchronize(). pjrt runs in each eager mode of --modes (fused, op).
 --sync-every K times K steps and one synchronize as one sample (its time / K): a loop that
 reads its loss every K steps, where pjrt's steps queue behind each other as CUDA's do.
+
+With --peer cuda the CUDA rows run in a process of their own (before the pjrt rows, not
+interleaved): torch's autograd cannot run a CUDA backward in a process where pjrt is registered
+(torch keeps one accelerator per process and takes a PrivateUse1 backend first).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import torch_pjrt  # noqa: E402
-from torch_pjrt.tools import demo_models as dm  # noqa: E402
+PEER_PROCESS = "--peer-process" in sys.argv  # this process times a torch CUDA peer alone: no pjrt
+
+
+def tool(name: str):
+    """torch_pjrt.tools.<name>; in a peer process loaded from its file, since importing the
+    package registers pjrt."""
+    if not PEER_PROCESS:
+        return importlib.import_module(f"torch_pjrt.tools.{name}")
+    path = Path(__file__).resolve().parents[1] / "torch_pjrt" / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"peer_{name}", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
+
+
+if not PEER_PROCESS:
+    import torch_pjrt  # noqa: E402,F401
+dm = tool("demo_models")
 
 
 def gpt_workload(device):
@@ -104,6 +130,28 @@ class Runner:
         return statistics.median(self.times)
 
 
+class PeerProcess:
+    """A Runner's numbers for a torch CUDA peer timed by `script` in a process of its own
+    (`--peer-process`): the child prints {"median", "first"} in seconds as its last line."""
+
+    def __init__(self, script: str, workload: str, argv: list[str], device: str = "cuda"):
+        env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        out = subprocess.run([sys.executable, script, "--peer-process", "--peer", device, "--workloads", workload,
+                              *argv], capture_output=True, text=True, env=env, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"the CUDA peer process failed: {(out.stderr or out.stdout).strip()[-800:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        self.median, self.first, self.device, self.mode = result["median"], result["first"], device, None
+
+    def time_one(self) -> None:  # timed already, in its own process
+        pass
+
+
+def report_peer(runner: Runner) -> None:
+    """A peer process's last line."""
+    print(json.dumps({"median": runner.median, "first": runner.first}))
+
+
 def profile_step(step, device):
     """(aten ops per step, top ops by self CPU time) of one more step."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -127,15 +175,25 @@ def main():
     parser.add_argument("--modes", default="fused,op", help="pjrt eager modes to time (torch_pjrt.set_eager_mode)")
     parser.add_argument("--peer", default="cpu", choices=("cpu", "cuda"), help="the torch eager device pjrt is compared with")
     parser.add_argument("--sync-every", type=int, default=1, help="steps per synchronize (one timed sample)")
+    parser.add_argument("--peer-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    if PEER_PROCESS:
+        runner = Runner(WORKLOADS[args.workloads], args.peer, None, args.warmup, args.sync_every)
+        for _ in range(args.steps):
+            runner.time_one()
+        return report_peer(runner)
     modes = args.modes.split(",")
     rows, profiles, failed = [], {}, []
     for name in args.workloads.split(","):
         try:
-            runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup, args.sync_every)]
+            if args.peer == "cuda":
+                runners = [PeerProcess(__file__, name, ["--steps", str(args.steps), "--warmup", str(args.warmup),
+                                                        "--sync-every", str(args.sync_every)])]
+            else:
+                runners = [Runner(WORKLOADS[name], args.peer, None, args.warmup, args.sync_every)]
             runners += [Runner(WORKLOADS[name], "pjrt", mode, args.warmup, args.sync_every) for mode in modes]
             for _ in range(args.steps):  # interleaved: a load change hits every row alike
                 for runner in runners:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -20,7 +20,9 @@ CORPUS = "tales.txt"
 # -- text ------------------------------------------------------------------------------
 def load_text(name: str = CORPUS) -> str:
     """A text file shipped in torch_pjrt/tools/data (see torch_pjrt/tools/data/README.md)."""
-    return resources.files("torch_pjrt.tools").joinpath("data", name).read_text(encoding="utf-8")
+    # beside this file, not through the package: benchmarks load this module alone in a torch CUDA
+    # peer process, where importing torch_pjrt would register pjrt (benchmarks/train_eager.py)
+    return (Path(__file__).parent / "data" / name).read_text(encoding="utf-8")
 
 
 class CharData:
