@@ -237,6 +237,22 @@ def test_embedding_bag_mode_out_of_range():
                                                           torch.tensor([0], device=d), False, 5), "mode 5")
 
 
+@pytest.mark.parametrize("function", [f for f in EMBEDDING_BAG_FUNCTIONS if f != "F.embedding_bag"] + ["nn.EmbeddingBag"])
+def test_embedding_bag_per_sample_weights_of_another_dtype(function):
+    """PyTorch's test_EmbeddingBag_per_sample_weights_failures: CPU refuses float64 weights for a
+    float32 table; pjrt computed in silence (CUDA raises too, with its own message)."""
+    def call(d):
+        index, offsets = torch.tensor([3, 1, 1, 1, 4, 0], device=d), torch.tensor([0, 0, 3, 3, 6], device=d)
+        weights = torch.ones(6, dtype=torch.float64, device=d)
+        if function == "nn.EmbeddingBag":
+            return torch.nn.EmbeddingBag(5, 2, mode="sum").to(d)(index, offsets, weights)
+        return EMBEDDING_BAG_FUNCTIONS[function](torch.ones(5, 2, device=d), index, offsets, False, 0, False, weights)
+
+    with pytest.raises(RuntimeError, match="to have the same type as"):
+        call("cpu")
+    assert_raises_like_cpu(call, function)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("offsets", [[0, 1], [0, 0], [0, 2]], ids=str)
 def test_embedding_bag_reads_2d_indices_by_flat_position(weighted, offsets):

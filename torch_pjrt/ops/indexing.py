@@ -561,6 +561,8 @@ def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, i
                            sum_aux_size):
     if weight.ndim != 2 or mode not in (0, 1, 2):  # meta checks neither: CPU names the error (eager's oracle)
         raise ValueError(f"embedding_bag: weight of {weight.ndim} dims, mode {mode}")
+    if per_sample_weights is not None and per_sample_weights.dtype != weight.dtype:  # nor this (CPU and CUDA refuse)
+        raise ValueError(f"embedding_bag: per_sample_weights of {per_sample_weights.dtype}, weight of {weight.dtype}")
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     idx = indices.reshape(-1).astype(INT64)
     bags = _position_bags(idx, offsets, num_bags)
