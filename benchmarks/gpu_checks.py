@@ -98,12 +98,24 @@ def cuda_training_untouched_by_installed_pjrt():
     """With torch-pjrt installed, `import torch` alone leaves CUDA torch's accelerator and lets
     CUDA train (autoload stands aside where CUDA has devices)."""
     import subprocess
+    import tempfile
+    from pathlib import Path
 
+    # the package's torch.backends entry point, as an install has it (this session may run from a
+    # checkout on PYTHONPATH, without one)
+    site = Path(tempfile.mkdtemp())
+    info = site / "torch_pjrt_entry_point-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-pjrt-entry-point\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\npjrt = torch_pjrt:_autoload\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     code = ("import sys, torch\n"
             "m = torch.nn.Linear(4, 1).cuda(); m(torch.randn(8, 4, device='cuda')).sum().backward()\n"
-            "print(torch.accelerator.current_accelerator().type, 'torch_pjrt' in sys.modules, m.weight.grad.shape)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["cuda", "False", "torch.Size([1,", "4])"], out.stdout + out.stderr
+            "print(torch.accelerator.current_accelerator().type, torch._C._get_privateuse1_backend_name(), "
+            "'torch_pjrt' in sys.modules, tuple(m.weight.grad.shape))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    # the entry point imported torch_pjrt, whose autoload stood aside: pjrt is not registered
+    assert out.stdout.split() == ["cuda", "privateuseone", "True", "(1,", "4)"], out.stdout + out.stderr
 
 
 def main() -> int:
