@@ -26,16 +26,10 @@ def rms_norm_reference(x, weight, eps: float):
     return (xf * r * weight.astype(acc)).astype(x.dtype)
 
 
-def _row_mean(v):
-    """jnp.mean over the last axis, with the divisor a Python float: jnp.mean's is a numpy
-    constant, which a Pallas kernel on jax 0.11's GPU path refuses as a captured constant."""
-    return jnp.sum(v, axis=-1, keepdims=True) * (1.0 / v.shape[-1])
-
-
 def _forward_block(x_ref, w_ref, y_ref, *, eps):
     acc = accumulator(x_ref.dtype)
     x = x_ref[...].astype(acc)
-    r = jax.lax.rsqrt(_row_mean(x * x) + eps)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     y_ref[...] = (x * r * w_ref[...].astype(acc)).astype(y_ref.dtype)
 
 
@@ -44,11 +38,11 @@ def _backward_block(x_ref, w_ref, g_ref, dx_ref, dw_ref, *, eps):
     x = x_ref[...].astype(acc)
     w = w_ref[...].astype(acc)
     g = g_ref[...].astype(acc)
-    r = jax.lax.rsqrt(_row_mean(x * x) + eps)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     xhat = x * r
     gw = g * w
     # d/dx of x*r: r * (gw - xhat * mean(gw * xhat)) (r depends on every element of the row)
-    dx_ref[...] = (r * (gw - xhat * _row_mean(gw * xhat))).astype(dx_ref.dtype)
+    dx_ref[...] = (r * (gw - xhat * jnp.mean(gw * xhat, axis=-1, keepdims=True))).astype(dx_ref.dtype)
     dw_ref[...] = jnp.sum(g * xhat, axis=0, keepdims=True)
 
 
