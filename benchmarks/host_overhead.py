@@ -31,7 +31,7 @@ os.environ.setdefault("TORCH_PJRT_PLATFORM", "cpu")
 import torch  # noqa: E402
 
 # benchmarks/: one timing loop for every eager benchmark, and the CUDA peer's own process
-from train_eager import PEER_PROCESS, PeerProcess, Runner, report_peer, tool  # noqa: E402
+from train_eager import PEER_PROCESS, PeerProcess, Runner, run_peer_process, tool  # noqa: E402
 
 if not PEER_PROCESS:
     import torch_pjrt  # noqa: E402
@@ -111,10 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     if PEER_PROCESS:
         make, every, _ = WORKLOADS[args.workloads]
-        runner = Runner(make, args.peer, None, args.warmup, every)
-        for _ in range(args.rounds):
-            runner.time_one()
-        return report_peer(runner)
+        return run_peer_process(make, args.peer, args.warmup, every, args.rounds)
     if args.why:
         logging.basicConfig(format="%(message)s")
         logging.getLogger("torch_pjrt.fused").setLevel(logging.INFO)

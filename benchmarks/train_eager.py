@@ -131,7 +131,7 @@ class Runner:
 
 
 class PeerProcess:
-    """A Runner's numbers for a torch CUDA peer timed by `script` in a process of its own
+    """A Runner's numbers for a torch peer (CUDA) timed by `script` in a process of its own
     (`--peer-process`): the child prints {"median", "first"} in seconds as its last line."""
 
     def __init__(self, script: str, workload: str, argv: list[str], device: str = "cuda"):
@@ -139,7 +139,7 @@ class PeerProcess:
         out = subprocess.run([sys.executable, script, "--peer-process", "--peer", device, "--workloads", workload,
                               *argv], capture_output=True, text=True, env=env, timeout=1800)
         if out.returncode != 0:
-            raise RuntimeError(f"the CUDA peer process failed: {(out.stderr or out.stdout).strip()[-800:]}")
+            raise RuntimeError(f"the {device} peer process failed: {(out.stderr or out.stdout).strip()[-800:]}")
         result = json.loads(out.stdout.strip().splitlines()[-1])
         self.median, self.first, self.device, self.mode = result["median"], result["first"], device, None
 
@@ -147,8 +147,11 @@ class PeerProcess:
         pass
 
 
-def report_peer(runner: Runner) -> None:
-    """A peer process's last line."""
+def run_peer_process(make, device: str, warmup: int, sync_every: int, samples: int) -> None:
+    """A peer process's whole work: time `make(device)`'s step, then print PeerProcess's last line."""
+    runner = Runner(make, device, None, warmup, sync_every)
+    for _ in range(samples):
+        runner.time_one()
     print(json.dumps({"median": runner.median, "first": runner.first}))
 
 
@@ -181,10 +184,7 @@ def main():
         torch.set_num_threads(args.threads)
 
     if PEER_PROCESS:
-        runner = Runner(WORKLOADS[args.workloads], args.peer, None, args.warmup, args.sync_every)
-        for _ in range(args.steps):
-            runner.time_one()
-        return report_peer(runner)
+        return run_peer_process(WORKLOADS[args.workloads], args.peer, args.warmup, args.sync_every, args.steps)
     modes = args.modes.split(",")
     rows, profiles, failed = [], {}, []
     for name in args.workloads.split(","):

@@ -170,14 +170,16 @@ def _autoload() -> None:
 def other_accelerator() -> str | None:
     """The accelerator torch had before pjrt registered ("cuda", "xpu", "mps"), where it has
     devices; None on a CPU-only torch or machine."""
+    if _ready:  # torch's accelerator is pjrt now: the answer is the one setup saw
+        return _other_accelerator_at_setup
     import torch
 
-    if _ready or not hasattr(torch, "accelerator"):
-        return _other_accelerator_at_setup if _ready else None
     try:
-        return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else None
+        device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     except Exception:  # noqa: BLE001  (a broken driver: no other accelerator to stand aside for)
         return None
+    # pjrt itself where an earlier setup failed after registering it
+    return device.type if device is not None and device.type != "pjrt" else None
 
 
 def fallback_ops() -> dict[str, int]:
