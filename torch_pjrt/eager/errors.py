@@ -26,6 +26,7 @@ import torch
 
 from ..runtime import storage
 from ..dtypes import to_torch
+from ..ops.registry import Split
 from ..ops.signature import SCALAR, SCALAR_LIST, Signature
 
 # Failures that are about the device, not the call: re-running on the CPU would not say more.
@@ -88,6 +89,8 @@ def meta_values(lowering, sig, values, concrete=None) -> list:
 
 
 def _as_meta(name, kind, v):
+    if type(v) is Split:  # a split argument (its value is in `concrete` where known): a neutral value
+        return _as_meta(name, SCALAR, v.value)
     if isinstance(v, (list, tuple)):
         return [_as_meta(name, kind, x) for x in v]
     if name == "generator":

@@ -17,7 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from .registry import Lowering
+from .registry import Lowering, Split
 from .signature import SCALAR, SCALAR_LIST, STATIC, TENSOR, TENSOR_LIST, Signature
 
 _WEAK_SCALARS: dict = {}
@@ -93,15 +93,18 @@ class OpCall:
         self.lowering = lowering
         self.op = op = op if op is not None else lowering.op
         self.sig = sig = Signature.of(op)
+        rules = dict(lowering.split)  # the entry's `split=` arguments: name -> rule giving a value's static part
         self.static = tuple(
             i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
-            if (kind == STATIC and name != "generator" and name not in lowering.traced)
+            if (kind == STATIC and name != "generator" and name not in lowering.traced and name not in rules)
             or (kind == SCALAR and name in lowering.static))
         self.scalars = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
                              if (k == SCALAR and i not in self.static) or n in lowering.traced)
+        self.split = tuple((i, rules[n]) for i, n in enumerate(sig.names) if n in rules)
         # the schema's static kinds (int, int[], float?) that the entry traces: roll's shifts, ...
+        # (and the traced values of its split arguments)
         self.traced_static = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
-                                   if k == STATIC and n in lowering.traced)
+                                   if k == STATIC and (n in lowering.traced or n in rules))
         self.scalar_lists = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
         self.tensors = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.tensor_lists = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
@@ -126,6 +129,10 @@ class OpCall:
             values[i] = [weak(x) for x in v] if type(v) in (list, tuple) else weak(v)  # a traced int[]
         for i in self.scalar_lists:
             values[i] = [weak(v) for v in values[i]]
+        for i, rule in self.split:
+            v = values[i]
+            if type(v) is not Split:
+                values[i] = Split(weak(v), rule(v))
         if self.random:
             if self.generator is not None:
                 values[self.generator] = seed
@@ -169,11 +176,13 @@ class OpCall:
     def fast_plan(self) -> list[int] | None:
         """Per argument, how the C++ eager fast path passes it (FAST_*); None when the op needs
         the Python kernel for every call (randomness, host range checks of traced
-        arguments (`in_range`), a traced int[], lists of optional tensors, returns other than
+        arguments (`in_range`), a traced int[], `split=` arguments, lists of optional tensors, returns other than
         tensors, tensor lists and ints)."""
         lowering = self.lowering
         arguments = self.op._schema.arguments
-        if (self.random or lowering.host_indices or lowering.in_range is not None
+        # split arguments (static part keyed, value traced): the C++ kernel and recorder key static
+        # arguments by value and operands by aval, so these calls go to the Python kernel
+        if (self.random or lowering.host_indices or lowering.in_range is not None or self.split
                 or any(str(arguments[i].type) != "List[Tensor]" for i in self.tensor_lists)
                 or any(str(arguments[i].type).startswith("List") for i in self.traced_static)):
             return None

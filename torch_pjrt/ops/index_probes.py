@@ -100,7 +100,8 @@ def _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx) -> b
         geometry = getattr(value, "geometry", None)  # a strided view; an array is contiguous
         return geometry is None or geometry.stride[dim] == 1
 
-    return (mode in (0, 1) and padding_idx < 0 and np.dtype(weight.dtype) in _FAST_PATH_DTYPES
+    has_padding = padding_idx.static if hasattr(padding_idx, "static") else padding_idx >= 0  # a registry.Split
+    return (mode in (0, 1) and not has_padding and np.dtype(weight.dtype) in _FAST_PATH_DTYPES
             and unit_stride(weight, 1) and (per_sample_weights is None or unit_stride(per_sample_weights, 0)))
 
 

@@ -22,7 +22,7 @@ import torch
 from .promotion import cast, promote
 from .reductions import vector_norm
 from . import index_probes as probes
-from .registry import family, Padding
+from .registry import family, has_index, Padding
 from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: its indices address positions of a possibly padded dim")
@@ -479,12 +479,14 @@ def where(condition, self, other):
 
 
 # --------------------------------------------------------------------------- embeddings
-@lowering(aten.embedding.default, padding=Padding("embedding"), index_probes=probes.embedding)
+# padding_idx is traced: the forward ignores it, the backward compares indices with it (-1, no
+# padding index, equals no index), so its values share one executable.
+@lowering(aten.embedding.default, padding=Padding("embedding"), index_probes=probes.embedding, traced=("padding_idx",))
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices.astype(INT64), axis=0, mode="clip")
 
 
-@lowering(aten.embedding_dense_backward.default, padding=Padding("embedding_backward"))
+@lowering(aten.embedding_dense_backward.default, padding=Padding("embedding_backward"), traced=("padding_idx",))
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     idx = indices.reshape(-1).astype(INT64)
     grad = grad_output.reshape(idx.shape[0], -1)
@@ -528,6 +530,10 @@ def embedding_renorm(self, indices, max_norm, norm_type):
 # bag_size holds the bag lengths except for sum (zeros), max_indices the weight rows that
 # gave each maximum (mode max), bag_size again (mean) or zeros (sum). The backward
 # lowerings recompute each position's bag from offsets, so an empty offset2bag is fine.
+# padding_idx (-1: none; F.embedding_bag makes a negative one count from the end) is a traced
+# value: indices are >= 0, so `idx != padding_idx` keeps every row without one. Only whether
+# there is one fixes a shape (offset2bag's), so the forward takes it split (registry.Split:
+# that part static), the backward lowerings plain traced; ~50 values share one executable.
 # CPU reads indices (and per-sample weights) by their flat positions whatever their shape.
 def _position_bags(indices, offsets, num_bags):
     """The bag of each position of the 1-D `indices`."""
@@ -566,7 +572,7 @@ def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, i
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
     idx = indices.reshape(-1).astype(INT64)
     bags = _position_bags(idx, offsets, num_bags)
-    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    keep = idx != padding_idx.value
     acc = _accumulation_dtype(weight.dtype)
     rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
     if per_sample_weights is not None:
@@ -580,13 +586,13 @@ def _embedding_bag_outputs(weight, indices, offsets, mode, per_sample_weights, i
         if mode == 1:
             out = out / jnp.maximum(counts, 1).astype(acc)[:, None]
         max_indices = counts if mode == 1 else jnp.zeros((sum_aux_size,), offsets.dtype)
-    fast_sum = mode == 0 and weight.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) and padding_idx < 0
+    fast_sum = mode == 0 and weight.dtype in (jnp.float32, jnp.float16, jnp.bfloat16) and not padding_idx.static
     offset2bag = jnp.zeros((0,), offsets.dtype) if fast_sum else bags.astype(offsets.dtype)
     bag_size = jnp.zeros((sum_aux_size,), offsets.dtype) if mode == 0 else counts
     return out.astype(weight.dtype), offset2bag, bag_size, max_indices
 
 
-@lowering(aten._embedding_bag.default, index_probes=probes.embedding_bag)
+@lowering(aten._embedding_bag.default, index_probes=probes.embedding_bag, split={"padding_idx": has_index})
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                    per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
@@ -594,7 +600,8 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
                                   padding_idx, num_bags)
 
 
-@lowering(aten._embedding_bag_forward_only.default, index_probes=probes.embedding_bag)
+@lowering(aten._embedding_bag_forward_only.default, index_probes=probes.embedding_bag,
+          split={"padding_idx": has_index})
 def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                                 per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     """As _embedding_bag, but CPU sizes sum mode's (zero) bag_size and max_indices like offsets."""
@@ -602,7 +609,7 @@ def _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=Fal
                                   padding_idx, offsets.shape[0])
 
 
-@lowering(aten._embedding_bag_backward.default,
+@lowering(aten._embedding_bag_backward.default, traced=("padding_idx",),
           eager="eager/sparse.py: sparse=True builds a COO gradient with torch's composite; else this lowering")
 def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                             scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
@@ -615,7 +622,7 @@ def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximu
                                          scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
 
-@lowering(aten._embedding_bag_dense_backward.default)
+@lowering(aten._embedding_bag_dense_backward.default, traced=("padding_idx",))
 def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                   scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
     acc = _accumulation_dtype(grad.dtype)
@@ -632,7 +639,7 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
     per_position = jnp.take(g, bags, axis=0)
     if per_sample_weights is not None:
         per_position = per_position * per_sample_weights.reshape(-1).astype(acc)[:, None]
-    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    keep = idx != padding_idx
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), INT64).at[idx].add(1, mode="drop")
         per_position = per_position / jnp.take(counts, idx, mode="clip").astype(acc)[:, None]
@@ -641,12 +648,12 @@ def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_i
     return out.astype(grad.dtype)
 
 
-@lowering(aten._embedding_bag_per_sample_weights_backward.default)
+@lowering(aten._embedding_bag_per_sample_weights_backward.default, traced=("padding_idx",))
 def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
     idx = indices.reshape(-1).astype(INT64)
     bags = _position_bags(idx, offsets, grad.shape[0])
     acc = _accumulation_dtype(grad.dtype)
     rows = jnp.take(weight, idx, axis=0, mode="clip").astype(acc)
     out = jnp.sum(jnp.take(grad, bags, axis=0).astype(acc) * rows, axis=1)
-    keep = idx != padding_idx if padding_idx >= 0 else jnp.ones(idx.shape, jnp.bool_)
+    keep = idx != padding_idx
     return jnp.where(keep, out, jnp.zeros((), acc)).astype(grad.dtype)

@@ -14,6 +14,12 @@ exactly as the aten schema orders and names them, with:
     refuses some values, the entry's `in_range` tells eager (on the host, before the call)
     when to let CPU torch decide the exception. Graphs pass such arguments as JAX scalars
     too, and lowerings also accept plain Python numbers.
+  * an argument the entry lists in `split=` (name -> rule) as a `Split`: its value traced
+    as above (`.value`), and its static part `.static` = rule(value), which keys the
+    executable. For a number whose value fixes no shape but some property of it does
+    (embedding_bag's padding_idx: whether there is one decides offset2bag's shape), so the
+    values of one static part share an executable. Eager serves such calls in Python (the
+    C++ fast path keys static arguments by value and operands by aval only).
 Random ops take their randomness from a `generator` argument that arrives as a traced
 64-bit seed drawn from the torch generator (ops.random.key turns it into a JAX key).
 It returns a jax array, or a tuple of them for multi-output ops, with exactly the dtype
@@ -36,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+import jax
 import torch
 
 OpOverload = torch._ops.OpOverload
@@ -68,6 +75,33 @@ BATCH_ONLY = Padding("batch_only")  # independent per sample of dim 0 (pooling)
 def reduction(identity: str) -> Padding:
     """A reduction over `dim` (all dims without one): padded elements become `identity` first."""
     return Padding("reduction", identity)
+
+
+@jax.tree_util.register_pytree_node_class
+class Split:
+    """An argument an entry lists in `split=`: `value` traced (a weakly typed JAX scalar, or a
+    Python number in a graph), `static` its static part. A pytree whose aux data is the static
+    part, so jax.jit and fused eager's region keys (treedefs) key on it and trace the value."""
+
+    __slots__ = ("value", "static")
+
+    def __init__(self, value, static):
+        self.value, self.static = value, static
+
+    def tree_flatten(self):
+        return (self.value,), self.static
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        return cls(children[0], static)
+
+    def __repr__(self):
+        return f"Split({self.value!r}, static={self.static!r})"
+
+
+def has_index(value) -> bool:
+    """A `split=` rule: whether an optional index argument (padding_idx: -1 for none) is given."""
+    return value is not None and value >= 0
 
 
 # One index tensor to check in eager (runtime/index_checks.py): (index, the size it
@@ -120,6 +154,8 @@ class Lowering:
     # with .shape) -> False where the call may be out of range; eager then lets CPU torch raise
     # its exception (the lowering never sees a concrete value to check). May be conservative.
     in_range: Callable[[list], bool] | None = None
+    # (name, rule) per argument passed as a Split: traced value, static part rule(value) (see the top)
+    split: tuple = ()
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -130,7 +166,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
-             in_range: Callable | None = None) -> Callable:
+             in_range: Callable | None = None, split: dict | None = None) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -149,7 +185,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                 pad = POINTWISE
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
-                                     jit_for_integer_indices, decomposition, tests, grows, in_range)
+                                     jit_for_integer_indices, decomposition, tests, grows, in_range,
+                                     tuple(sorted((split or {}).items())))
         return fn
 
     return register
