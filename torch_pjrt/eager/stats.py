@@ -17,6 +17,7 @@ import warnings
 import jax
 import jax.monitoring
 
+from ..ops.registry import Split
 from ..runtime.executable_budget import BUILD_EVENT
 
 _lock = threading.Lock()
@@ -45,6 +46,8 @@ jax.monitoring.register_event_listener(_on_event)
 
 
 def _describe(v):
+    if type(v) is Split:  # a `split=` argument: its static part (its value is traced)
+        return ("split", v.static)
     if isinstance(v, jax.core.Tracer) or hasattr(v, "shape") and hasattr(v, "dtype"):
         return ("array", tuple(v.shape), str(v.dtype))
     if isinstance(v, (list, tuple)):
