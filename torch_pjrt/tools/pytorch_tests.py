@@ -1,13 +1,14 @@
 """PyTorch's own device-generic test files, run on pjrt and on the CPU, compared test by test.
 
     python -m torch_pjrt.tools.pytorch_tests --pytorch PATH [--commit 54a673bd]
-        [--files test_view_ops,nn/test_embedding] [--timeout 60] [--json out.json] [--out report.md]
+        [--files test_view_ops,nn/test_embedding] [--select EXPR] [--timeout 60] [--json out.json] [--out report.md]
 
 PATH is a PyTorch repository (a git directory or a work tree; `fetch github:wey-code/pytorch`
 gives one holding commit 54a673bd). Its test files are not in the wheel and are never
 committed here: each is copied from PATH into a scratch folder and run with pytest twice,
 once per device (`PYTORCH_TESTING_DEVICE_ONLY_FOR`, so `instantiate_device_type_tests`
-instantiates only that device's class), against the installed torch.
+instantiates only that device's class), against the installed torch. `--select` runs only the
+tests a pytest `-k` expression selects (e.g. "padding_idx", to time a few).
 
 A small pytest plugin in the scratch folder records each test's outcome and duration as it
 finishes and puts every test under `signal.alarm(timeout)`. A run that dies (a crash) or hangs
@@ -118,8 +119,10 @@ def _records(log: Path) -> tuple[dict, str | None]:
     return results, last
 
 
-def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float) -> dict:
-    """Every test of one file on one device: {test id: record}."""
+def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
+             select: str | None = None) -> dict:
+    """Every test of one file on one device (those `select`, a pytest -k expression, selects):
+    {test id: record}."""
     log = scratch / f"{name.replace('/', '_')}.{device}.jsonl"
     log.unlink(missing_ok=True)
     environment = {**os.environ, "PYTORCH_TESTING_DEVICE_ONLY_FOR": device, "PJRT_TESTS_LOG": str(log),
@@ -128,7 +131,8 @@ def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float)
     deadline = time.monotonic() + budget
     while True:
         deselect = [arg for test in done for arg in ("--deselect", test)]
-        command = [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", *deselect]
+        command = [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", *deselect,
+                   *(("-k", select) if select else ())]
         try:
             status = subprocess.run(command, cwd=scratch, env=environment, capture_output=True,
                                     timeout=max(deadline - time.monotonic(), 1)).returncode
@@ -224,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", default=",".join(DEFAULT_FILES), help="test files under test/, without .py")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (signal.alarm)")
     parser.add_argument("--budget", type=float, default=3600, help="seconds per file and device")
+    parser.add_argument("--select", default=None, help="only the tests this pytest -k expression selects")
     parser.add_argument("--json", type=Path, help="write every test's outcome here")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     opts = parser.parse_args(argv)
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="pytorch-tests-") as scratch:
         _copy_tests(opts.pytorch, opts.commit, files, Path(scratch))
         for name in files:
-            by_device = {device: run_file(Path(scratch), name, device, opts.timeout, opts.budget)
+            by_device = {device: run_file(Path(scratch), name, device, opts.timeout, opts.budget, opts.select)
                          for device in ("cpu", "pjrt")}
             raw[name] = by_device
             results[name] = compare(by_device["cpu"], by_device["pjrt"])
