@@ -82,3 +82,7 @@ def test_traits_read_by_eager_and_the_tests_are_well_formed():
         for dtype, atol, rtol in l.tests.tolerance:
             assert isinstance(dtype, torch.dtype) and atol >= 0 and rtol >= 0, op
         assert l.tests.tolerance_for(torch.float64) == {} or any(d == torch.float64 for d, *_ in l.tests.tolerance)
+        # a split argument (traced value, static part) is one of the schema's, and neither traced nor static besides
+        names = [a.name for a in op._schema.arguments]
+        for name, rule in l.split:
+            assert name in names and name not in l.traced and name not in l.static and callable(rule), (op, name)
