@@ -1,5 +1,6 @@
 """Ops that ran on the CPU fallback in the OpInfo sweep (issue 32), and `isin` (a traced
-decomposition per call, which transformers' generate calls every token: issue 29), now lowered:
+decomposition per call, which transformers' generate calls every token: issue 29) and
+`_fused_rms_norm` (rms_norm as one call, not six: issue 29), now lowered:
 every sample of their OpInfo entries (PyTorch's own database) on pjrt against the CPU, with no
 CPU fallback.
 
@@ -41,6 +42,7 @@ CASES = {
     ("linalg.ldl_factor_ex", ""): (torch.float64, torch.complex64),
     ("linalg.ldl_solve", ""): (torch.float32, torch.float64, torch.complex64, torch.complex128),
     ("isin", ""): (torch.float32, torch.int64, torch.uint8, torch.float16),
+    ("nn.functional.rms_norm", ""): (torch.float32, torch.float64, torch.bfloat16),
 }
 
 
@@ -226,3 +228,17 @@ def test_ldl_pivots_and_solve_match_lapack(dtype, hermitian):
     torch.testing.assert_close(got[2].cpu(), info)
     torch.testing.assert_close(got[0].cpu(), ld)
     torch.testing.assert_close(got_x.cpu(), x, equal_nan=True)
+
+
+def test_rms_norm_is_one_call_with_torchs_own_gradient():
+    """torch differentiates `_fused_rms_norm` by its own formula once a backend has a kernel
+    (as on CUDA): forward and backward are one eager call each, not the decomposition's six."""
+    x = torch.randn(3, 16, device="pjrt", requires_grad=True)
+    w = torch.randn(16, device="pjrt", requires_grad=True)
+    torch_pjrt.reset_eager_stats()
+    y = torch.nn.functional.rms_norm(x, (16,), w, 1e-5)
+    assert y.grad_fn.name() == "FusedRmsNormBackward0"
+    y.sum().backward()
+    ops = set(torch_pjrt.eager_stats()["paths"])
+    assert {"aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"} <= ops
+    assert not ops & {"aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt"}

@@ -537,7 +537,8 @@ def register(special: dict) -> None:
         raise RuntimeError(f"eager kernels replace lowerings whose entries do not say so (eager=...): {unannounced}")
     kernels: dict = {}
     for op, lowering in LOWERINGS.items():
-        if _is_view(op) or _composite_implicit(op) or Signature.of(op).written or (lowering.eager and op not in special):
+        if (_is_view(op) or (not lowering.own_gradient and _composite_implicit(op)) or Signature.of(op).written
+                or (lowering.eager and op not in special)):
             continue  # views stay views (C++ metadata kernels); composites keep their autograd
         functional = Kernel(lowering)
         kernels[op] = functional

@@ -355,6 +355,44 @@ def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, we
     return grad_input, grad_weight, grad_bias
 
 
+def _rms_eps(eps, computation_dtype):
+    """torch's default eps (None): the machine epsilon of float32 or float64 computation."""
+    if eps is not None:
+        return eps
+    single = computation_dtype in (np.dtype(np.float32), np.dtype(np.complex64))
+    return float(np.finfo(np.float32 if single else np.float64).eps)
+
+
+@lowering(aten._fused_rms_norm.default, own_gradient=True)
+def _fused_rms_norm(input, normalized_shape, weight, eps):
+    """rms_norm as one call (torch's decomposition, in the accumulation dtype): (output, rstd)."""
+    axes = tuple(range(input.ndim - len(normalized_shape), input.ndim))
+    x = _up(input)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + _rms_eps(eps, x.dtype))
+    out = x * rstd
+    if weight is not None:
+        out = out * weight
+    return out.astype(input.dtype), rstd
+
+
+@lowering(aten._fused_rms_norm_backward.default)
+def _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    axis = input.ndim - len(normalized_shape)
+    inner, outer = tuple(range(axis, input.ndim)), tuple(range(axis))
+    x, g = _up(input), grad_out.astype(_acc(input.dtype))
+    w = weight.astype(x.dtype) if weight is not None else None
+    grad_x_hat = g * w if w is not None else g
+    x_hat = x * rstd
+    grad_input = grad_weight = None
+    if output_mask[0]:
+        n = math.prod(input.shape[axis:])
+        total = jnp.sum(x_hat * grad_x_hat, axis=inner, keepdims=True)
+        grad_input = ((grad_x_hat - (x_hat / n) * total) * rstd).astype(input.dtype)
+    if output_mask[1] and w is not None:
+        grad_weight = jnp.sum(g * x_hat, axis=outer).astype(input.dtype)
+    return grad_input, grad_weight
+
+
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(output, save_mean, save_invstd, new_running_mean, new_running_var) as torch computes them.
 

@@ -156,6 +156,10 @@ class Lowering:
     in_range: Callable[[list], bool] | None = None
     # (name, rule) per argument passed as a Split: traced value, static part rule(value) (see the top)
     split: tuple = ()
+    # A CompositeImplicitAutograd op that torch differentiates with a formula of its own once a
+    # backend has a kernel for it (CUDA's and MPS's fused kernels; `_fused_rms_norm`): eager
+    # registers this lowering as its kernel, one call instead of the decomposition's calls.
+    own_gradient: bool = False
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -166,7 +170,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              index_probes: Callable | None = None, host_indices: bool = False, eager: str = "",
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
-             in_range: Callable | None = None, split: dict | None = None) -> Callable:
+             in_range: Callable | None = None, split: dict | None = None,
+             own_gradient: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -186,7 +191,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
-                                     tuple(sorted((split or {}).items())))
+                                     tuple(sorted((split or {}).items())), own_gradient)
         return fn
 
     return register
