@@ -242,3 +242,14 @@ def test_rms_norm_is_one_call_with_torchs_own_gradient():
     ops = set(torch_pjrt.eager_stats()["paths"])
     assert {"aten::_fused_rms_norm", "aten::_fused_rms_norm_backward"} <= ops
     assert not ops & {"aten::pow.Tensor_Scalar", "aten::mean.dim", "aten::rsqrt"}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_rms_norm_of_integers_raises_cpus_error(dtype):
+    """The meta kernel accepts any dtype; CPU refuses what is not floating or complex, and so does pjrt."""
+    x = torch.arange(8).view(2, 4).to(dtype)
+    with pytest.raises(NotImplementedError) as cpu:
+        torch.nn.functional.rms_norm(x, (4,))
+    with pytest.raises(NotImplementedError) as pjrt:
+        torch.nn.functional.rms_norm(x.to("pjrt"), (4,))
+    assert str(pjrt.value) == str(cpu.value)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ..dtypes import is_index_dtype
+from .registry import Split, has_index
 
 
 def _shape_of(value) -> tuple:
@@ -100,7 +101,7 @@ def _embedding_bag_fast_path(weight, mode, per_sample_weights, padding_idx) -> b
         geometry = getattr(value, "geometry", None)  # a strided view; an array is contiguous
         return geometry is None or geometry.stride[dim] == 1
 
-    has_padding = padding_idx.static if hasattr(padding_idx, "static") else padding_idx >= 0  # a registry.Split
+    has_padding = padding_idx.static if type(padding_idx) is Split else has_index(padding_idx)
     return (mode in (0, 1) and not has_padding and np.dtype(weight.dtype) in _FAST_PATH_DTYPES
             and unit_stride(weight, 1) and (per_sample_weights is None or unit_stride(per_sample_weights, 0)))
 
