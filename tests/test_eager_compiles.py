@@ -6,6 +6,8 @@ import jax.monitoring
 import pytest
 import torch
 
+from tests.budget import measured_warm
+
 _built: list = []  # every XLA executable JAX compiles or loads from the persistent cache, eager's or not
 jax.monitoring.register_event_duration_secs_listener(
     lambda name, secs, **kw: _built.append(name) if "backend_compile" in name else None)
@@ -15,23 +17,17 @@ jax.monitoring.register_event_listener(
 
 def _executables_built(fn) -> int:
     """Executables `fn` builds: eager's (torch_pjrt.eager_stats) and any other JAX compiles
-    (storage view reads), whether compiled or loaded from the on-disk cache.
-
-    A long process (the whole suite) may pass the executable budget meanwhile
-    (runtime/executable_budget.py): every in-memory executable is dropped and those in use are
-    built again, which says nothing about `fn`; then `fn` is measured again, warm."""
+    (storage view reads), whether compiled or loaded from the on-disk cache."""
     import torch_pjrt
 
-    for _ in range(2):
+    def measure() -> int:
         torch.pjrt.synchronize()
-        stats = torch_pjrt.eager_stats()
-        start, eager, released = len(_built), stats["executables"], stats["executables_released"]
+        start, eager = len(_built), torch_pjrt.eager_stats()["executables"]
         fn()
         torch.pjrt.synchronize()
-        stats = torch_pjrt.eager_stats()
-        if stats["executables_released"] == released:
-            break
-    return max(len(_built) - start, stats["executables"] - eager)
+        return max(len(_built) - start, torch_pjrt.eager_stats()["executables"] - eager)
+
+    return measured_warm(measure)
 
 
 def _warm(fn) -> None:
