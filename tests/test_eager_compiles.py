@@ -15,9 +15,9 @@ jax.monitoring.register_event_listener(
     lambda name, **kw: _built.append(name) if name.endswith("compilation_cache/cache_hits") else None)
 
 
-def _executables_built(fn) -> int:
-    """Executables `fn` builds: eager's (torch_pjrt.eager_stats) and any other JAX compiles
-    (storage view reads), whether compiled or loaded from the on-disk cache."""
+def _executables_built(warm, fn) -> int:
+    """Executables `fn` builds after `warm`: eager's (torch_pjrt.eager_stats) and any other JAX
+    compiles (storage view reads), whether compiled or loaded from the on-disk cache."""
     import torch_pjrt
 
     def measure() -> int:
@@ -27,7 +27,7 @@ def _executables_built(fn) -> int:
         torch.pjrt.synchronize()
         return max(len(_built) - start, torch_pjrt.eager_stats()["executables"] - eager)
 
-    return measured_warm(measure)
+    return measured_warm(lambda: _warm(warm), measure)
 
 
 def _warm(fn) -> None:
@@ -50,8 +50,7 @@ def test_gather_loop_over_python_ints_builds_a_constant_number_of_executables():
                     out[i, j, k] = src[i, j, idx[i, j, k]]
                     pout[i, j, k] = psrc[i, j, pidx[i, j, k]]
 
-    _warm(lambda: loop(range(2)))
-    assert _executables_built(lambda: loop(range(2, 10))) == 0
+    assert _executables_built(lambda: loop(range(2)), lambda: loop(range(2, 10))) == 0
     assert torch.equal(pout.cpu(), out)
 
 
@@ -71,8 +70,7 @@ def test_select_index_narrow_index_put_over_100_ints_build_few_executables():
             y.index_put_((torch.tensor([i]),), x[i] * 3)
             py.index_put_((torch.tensor([i]),), px[i] * 3)
 
-    _warm(lambda: loop([0, 1]))
-    built = _executables_built(lambda: loop(range(2, 100)))
+    built = _executables_built(lambda: loop([0, 1]), lambda: loop(range(2, 100)))
     assert built == 0, f"{built} executables for 98 new index values"
     torch.testing.assert_close(pacc.cpu(), acc)
     torch.testing.assert_close(py.cpu(), y)

@@ -47,8 +47,9 @@ def _built_over_padding(fn) -> tuple[int, int, dict]:
     time it sees it)."""
     import torch_pjrt
 
-    for _ in range(2):
-        _compare(fn, [None, 0])
+    def warm() -> None:
+        for _ in range(2):
+            _compare(fn, [None, 0])
 
     def measure() -> tuple[int, int, dict]:
         torch.pjrt.synchronize()
@@ -58,7 +59,7 @@ def _built_over_padding(fn) -> tuple[int, int, dict]:
         stats = torch_pjrt.eager_stats()
         return stats["executables"], stats["fused"]["region_compiles"], stats["by_op"]
 
-    return measured_warm(measure)
+    return measured_warm(warm, measure)
 
 
 @pytest.mark.parametrize("mode,per_sample", [("sum", False), ("sum", True), ("mean", False), ("max", False)])
