@@ -17,6 +17,17 @@ def _reset_current_device():
     torch.pjrt.set_device(0)
 
 
+@pytest.fixture(autouse=True)
+def _release_executables_between_tests():
+    """The whole suite builds more executables than the process may map (see
+    runtime/executable_budget.py): release them between tests, before the budget would inside one
+    (tests that count builds then rarely meet a release; tests/budget.py covers the rest)."""
+    from torch_pjrt.runtime import executable_budget
+
+    executable_budget.release_at_boundary(0.35)
+    yield
+
+
 @pytest.fixture
 def fresh_compile():
     """Dynamo's caches and the pjrt backend's counters reset, so a test counts only its own
