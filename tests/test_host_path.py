@@ -219,3 +219,28 @@ def test_indexing_ops_queue_their_checks_from_cpp(mode):
         with pytest.raises(IndexError, match=r"index_copy_\(\): index 9 is out of bounds for dimension 0 with size 5"
                                              r"\n\(an earlier call of aten.index_copy"):
             cache.cpu()
+
+
+def test_dtype_conversions_on_the_device_take_the_fast_path(mode):
+    """`.to(dtype)`, `.float()`, `.to(device, dtype)` of a row-major pjrt tensor on its own device is
+    the op table's `_to_copy` on the C++ path (HF's generate converts masks and logits every token);
+    other layouts and copies between devices stay in transfer.to_copy. Values, dtypes and strides are
+    the CPU's."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0)) * 4
+    px = x.to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    conversions = [lambda t: t.to(torch.float64), lambda t: t.half(), lambda t: t.to(torch.bfloat16),
+                   lambda t: t.int(), lambda t: t.bool(), lambda t: t.to(t.device, torch.float16),
+                   lambda t: t.to(dtype=torch.float64, memory_format=torch.contiguous_format),
+                   lambda t: t.t().to(torch.float64, memory_format=torch.contiguous_format)]
+    got = [convert(px) for convert in conversions]
+    counts = torch_pjrt.eager_stats()["paths"]["aten::_to_copy"]
+    assert (counts["fast"], counts["python_kernel"]) == (len(conversions), 0), counts
+    kept_layout = [lambda t: t.t().double(), lambda t: t[:, ::2].half()]  # preserve_format of a non-contiguous view
+    got += [convert(px) for convert in kept_layout]
+    counts = torch_pjrt.eager_stats()["paths"]["aten::_to_copy"]
+    assert counts["python_kernel"] == len(kept_layout), counts
+    for convert, value in zip(conversions + kept_layout, got):
+        want = convert(x)
+        assert value.device == px.device and value.dtype == want.dtype and value.stride() == want.stride()
+        assert torch.equal(value.cpu(), want)

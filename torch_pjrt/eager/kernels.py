@@ -581,6 +581,12 @@ def _install(op, kernel) -> None:
     namespace = op._schema.name.split("::")[0]
     if op is aten.clone.default and not FAST_PATH_DISABLED:  # transfer.clone behind a C++ kernel (CloneKernel)
         _rt.register_clone_kernel(storage._read_view.fn, storage._read_view, kernel)
+    elif op is aten._to_copy.default and not FAST_PATH_DISABLED:  # transfer.to_copy behind ToCopyKernel
+        table = Kernel(LOWERINGS[op])  # a copy on the tensor's own device is the table's lowering
+        keywords = Signature.of(op).names[1:]  # the C++ kernel passes them by position
+        _rt.register_to_copy_kernel(table.executable, table.run,
+                                    lambda self, *rest: kernel(self, **dict(zip(keywords, rest))),
+                                    table.call.fast_plan())
     elif kinds is not None and not FAST_PATH_DISABLED:
         functional = kernel if store is None else kernel.functional
         checked = functional.checked is not None  # its calls record the checked executable, and queue its checks

@@ -12,7 +12,7 @@ import torch
 
 from ..runtime import fused, index_checks as bounds, platform, storage
 from ..runtime.fused import Recordable
-from ..dtypes import astype, to_jax
+from ..dtypes import to_jax
 from . import errors
 
 aten = torch.ops.aten
@@ -95,7 +95,9 @@ def _convert(value, dtype):
 
 @functools.lru_cache(None)
 def _converter(dtype):
-    return Recordable(jax.jit(lambda v: astype(v, dtype)), name="_to_copy")
+    from ..ops.shape import convert  # the op table's conversion (its `_to_copy` lowering's)
+
+    return Recordable(jax.jit(lambda v: convert(v, dtype)), name="_to_copy")
 
 
 def clone(self: torch.Tensor, memory_format=None) -> torch.Tensor:

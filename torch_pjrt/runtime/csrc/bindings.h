@@ -127,6 +127,10 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
 // aten::clone's C++ kernel (CloneKernel): `read_view` (its fused.Recordable `recorded_read_view`)
 // reads a view; `slow` (transfer.clone) serves the other calls.
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow);
+// aten::_to_copy's C++ kernel (ToCopyKernel): the op table's lowering (`run`, `recorded`, with
+// the argument `kinds` of its fast plan) for a row-major copy on the tensor's own device; `slow`
+// (transfer.to_copy, positional) serves the other calls.
+void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
 // calls recorded in C++).
 py::dict fast_path_counts();

@@ -550,6 +550,31 @@ class CloneKernel : public FastKernel {
   }
 };
 
+// aten::_to_copy of a pjrt tensor to its own device (a dtype conversion, or a copy) whose result
+// is row-major (contiguous_format, or preserve_format of a contiguous tensor): the op table's
+// `_to_copy` lowering, run or recorded like any table op. Copies between devices, other layouts,
+// pinned memory and any call the fast path cannot serve go to transfer.to_copy.
+class ToCopyKernel : public FastKernel {
+ public:
+  using FastKernel::FastKernel;
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    // self, dtype, layout, device, pin_memory, non_blocking, memory_format
+    auto args = torch::jit::last(*stack, 7);
+    const at::Tensor& self = args[0].toTensor();
+    auto layout = args[2].toOptional<c10::Layout>();
+    auto format = args[6].toOptional<c10::MemoryFormat>();
+    bool row_major = format && *format != c10::MemoryFormat::Preserve ? *format == c10::MemoryFormat::Contiguous
+                                                                      : self.is_contiguous();
+    if (self.device().type() != kPjrt || !row_major || (layout && *layout != c10::kStrided) ||
+        args[4].toOptional<bool>().value_or(false)) {
+      py::gil_scoped_acquire gil;
+      return slow(op, stack, 7);
+    }
+    FastKernel::operator()(op, keys, stack);
+  }
+};
+
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 static std::vector<FastKernel*> g_fast_kernels;  // owned by their libraries' registrations
 
@@ -595,6 +620,11 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow) {
   register_kernel("aten", "clone", std::make_unique<CloneKernel>("aten::clone", read_view, recorded_read_view, slow,
                                                                  py::none(), std::vector<int>{kTensor, kMemoryFormat}));
+}
+
+void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds) {
+  register_kernel("aten", "_to_copy", std::make_unique<ToCopyKernel>("aten::_to_copy", run, recorded, slow, py::none(),
+                                                                     std::move(kinds)));
 }
 
 py::dict fast_path_counts() {
