@@ -1,7 +1,8 @@
 """scaled_dot_product_attention on pjrt: one op, one executable, flash attention where it pays.
 
 torch's SDPA asks `_fused_sdp_choice_stub` for the query's device; the runtime's C++ stub
-(runtime/csrc/fast_path.cpp, `sdp_choice`) asks `choose` below. Choosing
+(runtime/csrc/fast_path.cpp, `sdp_choice`) answers without Python (it asks
+`ring_attention_active` below only once torch.distributed.tensor is imported). Choosing
 "overrideable" routes the call to `aten._scaled_dot_product_fused_attention_overrideable`
 (and autograd to its `_backward`), whose lowerings here run either the flash-attention
 kernel or attention written out in XLA (`_attention`: masks, causal, GQA, float64); eager
@@ -39,10 +40,6 @@ from . import platforms
 
 aten = torch.ops.aten
 
-MATH = int(torch.nn.attention.SDPBackend.MATH)
-EFFICIENT = int(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION)
-OVERRIDEABLE = int(torch.nn.attention.SDPBackend.OVERRIDEABLE)
-ERROR = int(torch.nn.attention.SDPBackend.ERROR)
 FLASH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
@@ -68,40 +65,11 @@ def suits_flash(query, key, value, attn_mask, dropout_p: float) -> bool:
     return d == key.shape[-1] and d % 8 == 0 and dv % 8 == 0 and d <= MAX_HEAD_DIM and dv <= MAX_HEAD_DIM
 
 
-def _overrideable_enabled() -> bool:
-    """sdpa_kernel()'s switch for this backend (torch builds without it: always on)."""
-    flag = getattr(torch._C, "_get_overrideable_sdp_enabled", None)
-    return True if flag is None else bool(flag())
-
-
 def _torch_dtype(dtype):
     return dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
 
 
-def choose(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> int:
-    """The backend for one SDPA call; `torch.nn.attention.sdpa_kernel` limits the choice as on CUDA
-    (SDPBackend.OVERRIDEABLE is this module's op, SDPBackend.MATH the decomposition)."""
-    if any(not isinstance(n, int) for n in (*query.shape, *key.shape, *value.shape)):
-        # symbolic sizes (torch.compile dynamic=True): the math path's ops are the ones the
-        # compiler's shape bucketing (compiler/padding.py) knows how to pad
-        return MATH if torch._C._get_math_sdp_enabled() else ERROR
-    heads_ok = query.dim() < 3 or key.dim() < 3 or query.shape[-3] == key.shape[-3] or (
-        enable_gqa and query.dim() == key.dim() == value.dim() and key.shape[-3] == value.shape[-3]
-        and key.shape[-3] > 0 and query.shape[-3] % key.shape[-3] == 0)
-    shapes_ok = query.dim() >= 2 and key.dim() == query.dim() and value.dim() == query.dim() and \
-        query.shape[-1] == key.shape[-1] and key.shape[-2] == value.shape[-2] and query.shape[:-3] == key.shape[:-3] \
-        and query.dtype == key.dtype == value.dtype and query.is_floating_point() and \
-        (attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype))
-    if heads_ok and shapes_ok and dropout_p == 0.0 and torch._C._get_mem_efficient_sdp_enabled() and (
-            _ring_attention_active() or not _overrideable_enabled()):
-        return EFFICIENT
-    if heads_ok and shapes_ok and dropout_p == 0.0 and _overrideable_enabled():
-        return OVERRIDEABLE
-    # mismatched heads without enable_gqa: the math path raises torch's own error
-    return MATH if torch._C._get_math_sdp_enabled() else ERROR
-
-
-def _ring_attention_active() -> bool:
+def ring_attention_active() -> bool:
     """Whether torch's context_parallel() is on: it routes DTensors' flash, efficient and cuDNN
     attention ops to ring attention (DTensor's custom op handlers) and knows no overrideable
     op, so while it is on SDPA takes the efficient-attention op (as sdpa_kernel(EFFICIENT_ATTENTION)
@@ -279,5 +247,5 @@ def _sum_to(x, shape):
 
 # ------------------------------------------------------------------------------ the C++ stub
 def install() -> None:
-    """Make the runtime's SDPA backend choice for pjrt tensors ask `choose`."""
-    _runtime.load().set_sdp_choice(choose)
+    """Let the runtime's SDPA backend choice for pjrt tensors see context parallelism."""
+    _runtime.load().set_ring_attention_active(ring_attention_active)

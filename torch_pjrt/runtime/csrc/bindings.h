@@ -135,6 +135,7 @@ void register_to_copy_kernel(py::object run, py::object recorded, py::object slo
 // calls recorded in C++).
 py::dict fast_path_counts();
 void reset_fast_path_counts();
-void set_sdp_choice(py::function choose);
+// SDPA's backend choice (fast_path.cpp's sdp_choice) asks `active()` whether torch's context_parallel() is on.
+void set_ring_attention_active(py::function active);
 
 }  // namespace torch_pjrt

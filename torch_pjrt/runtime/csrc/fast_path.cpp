@@ -642,24 +642,56 @@ void reset_fast_path_counts() {
 // ---------------------------------------------------------------------------
 // scaled_dot_product_attention's backend choice for pjrt tensors
 // ---------------------------------------------------------------------------
-// torch's SDPA asks `_fused_sdp_choice_stub` which backend serves the query's device, and
-// a PrivateUse1 backend can only register that stub from C++. It asks a Python callable
-// (torch_pjrt.kernels.sdpa.choose), so the rule lives beside the kernel it selects.
-static PyObject* g_sdp_choice = nullptr;
+// torch's SDPA asks `_fused_sdp_choice_stub` which backend serves the query's device, and a
+// PrivateUse1 backend can only register that stub from C++. The rule is here, asked once per SDPA
+// call, so it costs no Python: "overrideable" routes the call to
+// `aten._scaled_dot_product_fused_attention_overrideable` (torch_pjrt/kernels/sdpa.py's lowerings,
+// and its `_backward` for autograd); torch's math path (a decomposition into table ops) serves
+// what those do not (dropout, inputs the math path refuses with torch's own errors, symbolic sizes
+// under dynamic=True, whose ops the compiler knows how to pad) and `sdpa_kernel(SDPBackend.MATH)`.
+// Only context parallelism needs Python: while torch's context_parallel() is on
+// (kernels/sdpa.py's `ring_attention_active`), SDPA takes the efficient-attention op, which
+// DTensor's ring attention handles.
+static PyObject* g_ring_attention_active = nullptr;
+
+static bool ring_attention_active() {
+  if (!g_ring_attention_active) return false;
+  py::gil_scoped_acquire gil;
+  // context_parallel lives in torch.distributed.tensor: until that is imported it cannot be on
+  if (!PyDict_GetItemString(PyImport_GetModuleDict(), "torch.distributed.tensor")) return false;
+  return py::reinterpret_borrow<py::function>(g_ring_attention_active)().cast<bool>();
+}
 
 int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
-  if (!g_sdp_choice) return static_cast<int64_t>(at::SDPBackend::math);
-  py::gil_scoped_acquire gil;
-  return py::reinterpret_borrow<py::function>(g_sdp_choice)(query, key, value, attn_mask, dropout_p, is_causal,
-                                                            scale, enable_gqa)
-      .cast<int64_t>();
+  auto& ctx = at::globalContext();
+  const int64_t math = static_cast<int64_t>(ctx.userEnabledMathSDP() ? at::SDPBackend::math : at::SDPBackend::error);
+  for (const at::Tensor* t : {&query, &key, &value})
+    if (t->unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return math;
+  const int64_t dims = query.dim();
+  // mismatched heads without enable_gqa: the math path raises torch's own error
+  bool heads_ok = dims < 3 || key.dim() < 3 || query.size(-3) == key.size(-3) ||
+                  (enable_gqa && dims == key.dim() && dims == value.dim() && key.size(-3) == value.size(-3) &&
+                   key.size(-3) > 0 && query.size(-3) % key.size(-3) == 0);
+  bool shapes_ok = dims >= 2 && key.dim() == dims && value.dim() == dims && query.size(-1) == key.size(-1) &&
+                   key.size(-2) == value.size(-2) &&
+                   query.sizes().slice(0, std::max<int64_t>(dims - 3, 0)) ==
+                       key.sizes().slice(0, std::max<int64_t>(dims - 3, 0)) &&
+                   query.scalar_type() == key.scalar_type() && query.scalar_type() == value.scalar_type() &&
+                   query.is_floating_point() &&
+                   (!attn_mask || !attn_mask->defined() || attn_mask->scalar_type() == at::kBool ||
+                    attn_mask->scalar_type() == query.scalar_type());
+  if (!heads_ok || !shapes_ok || dropout_p != 0.0) return math;
+  if (ctx.userEnabledMemEfficientSDP() && (!ctx.userEnabledOverrideableSDP() || ring_attention_active()))
+    return static_cast<int64_t>(at::SDPBackend::efficient_attention);
+  if (ctx.userEnabledOverrideableSDP()) return static_cast<int64_t>(at::SDPBackend::overrideable);
+  return math;
 }
 
-void set_sdp_choice(py::function choose) {
-  Py_XDECREF(g_sdp_choice);
-  g_sdp_choice = choose.release().ptr();
+void set_ring_attention_active(py::function active) {
+  Py_XDECREF(g_ring_attention_active);
+  g_ring_attention_active = active.release().ptr();
 }
 
 }  // namespace torch_pjrt

@@ -207,7 +207,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_fused", &tp::set_fused);
   m.def("set_index_check_helpers", &tp::set_index_check_helpers);
   m.def("store_whole", &tp::store_whole);
-  m.def("set_sdp_choice", &tp::set_sdp_choice);
+  m.def("set_ring_attention_active", &tp::set_ring_attention_active);
   m.def("fast_path_counts", &tp::fast_path_counts);
   m.def("set_recorder_helpers", &tp::set_recorder_helpers);
   m.def("region_plan", &tp::region_plan);
