@@ -94,15 +94,45 @@ def _warn_uint8_masks(indices) -> None:
             warnings.warn(_UINT8_INDEX, UserWarning, stacklevel=level)
 
 
-def expand_masks(self, indices):
-    """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only)."""
-    out = []
+def _expanded(indices, counts):
+    """Each bool/uint8 mask of `indices` replaced by the coordinates of its `counts` (static)
+    nonzero elements, in order."""
+    out, counts = [], iter(counts)
     for i in indices:
         if _is_mask(i):
-            out.extend(jnp.nonzero(i))
+            out.extend(jnp.nonzero(i, size=next(counts)))
         else:
             out.append(i)
     return out
+
+
+@jax.jit
+def _mask_counts(masks):
+    return [jnp.count_nonzero(m) for m in masks]
+
+
+def mask_counts(indices) -> tuple | None:
+    """How many elements each mask of `indices` selects: the one host read a masked index
+    needs (its output's length), all masks in one executable. None for a 0-d mask (torch's
+    Python indexing turns those into an unsqueeze before they get here)."""
+    masks = [i for i in indices if _is_mask(i)]
+    if any(m.ndim == 0 for m in masks):
+        return None
+    return tuple(int(c) for c in jax.device_get(_mask_counts(masks)))
+
+
+_expand_sized = jax.jit(_expanded, static_argnums=(1,))
+
+
+def expand_masks(self, indices):
+    """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only).
+    jnp.nonzero of a concrete mask would run its dozen primitives one by one, each compiled for
+    the mask's count; here the counts come first (one read) and the coordinates from one
+    executable per count."""
+    counts = mask_counts(indices)
+    if counts is None:
+        return [c for i in indices for c in (jnp.nonzero(i) if _is_mask(i) else (i,))]
+    return _expand_sized(list(indices), counts)
 
 
 def _index_key(shape, indices):
@@ -123,8 +153,16 @@ def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
         _warn_uint8_masks(indices)
+        counts = mask_counts(indices)
+        if counts is not None:  # masks to coordinates and the gather: one executable per count
+            return _index_masked(self, indices, counts)
         indices = expand_masks(self, indices)
     return _index_ints(self, indices)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _index_masked(self, indices, counts):
+    return _index_ints(self, _expanded(indices, counts))
 
 
 def _index_put_ints(self, indices, values, accumulate):
