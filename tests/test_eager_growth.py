@@ -53,6 +53,59 @@ def test_a_growing_cat_compiles_once_per_capacity_and_equals_cpu():
     assert _executables("aten.cat.default") <= 7, torch_pjrt.eager_stats()["by_op"]
 
 
+def test_appends_onto_a_padded_cache_are_recorded_in_cpp():
+    """Fused eager: an append that fits its cache's capacity is the C++ kernel's (recorded with
+    the length traced, the result a padded storage of the exact length); the first padding and
+    each capacity crossing (16, 32, 64) are the Python kernel's. Appends that are not a cache's
+    (the padded tensor appended along another dim, two padded operands, a padded piece) go to
+    the Python kernel too. Every value equals the CPU's."""
+    if torch_pjrt.eager_mode() != "fused":
+        pytest.skip("the C++ recorder serves fused eager; op by op every growing call is the Python kernel's")
+    g = torch.Generator().manual_seed(2)
+    ref = torch.randn(1, 2, 3, 4, generator=g)
+    dev = ref.to("pjrt")
+    torch_pjrt.reset_eager_stats()
+    for step in range(60):
+        piece = torch.randn(1, 2, 1, 4, generator=g, dtype=torch.float64 if step == 30 else torch.float32)
+        ref = torch.cat([ref, piece], dim=2)
+        dev = torch.cat([dev, piece.to("pjrt")], dim=2)
+        assert dev.shape == ref.shape and dev.dtype == ref.dtype and dev.stride() == ref.stride()
+    counts = torch_pjrt.eager_stats()["paths"]["aten::cat"]
+    # the first append (exact), the first padding, 16 -> 32, 32 -> 64; step 30's float64 piece
+    # promotes the cache in the recorded call (its result keeps the capacity)
+    assert counts["python_kernel"] <= 5 and counts["cpp_recorder"] >= 55, counts
+    assert isinstance(storage.whole_buffer(dev), storage.Padded)
+    torch.testing.assert_close(dev.cpu(), ref, rtol=0, atol=0)
+    other = torch.randn(1, 2, ref.shape[2], 1, generator=g, dtype=torch.float64)
+    for join in (lambda a, o: torch.cat([a, o], dim=3), lambda a, o: torch.cat([a, a], dim=2),
+                 lambda a, o: torch.cat([a[:, :, :2], a], dim=2)):
+        torch.testing.assert_close(join(dev, other.to("pjrt")).cpu(), join(ref, other), rtol=0, atol=0)
+
+
+def test_attention_over_a_padded_cache_is_recorded_in_cpp_with_its_int_returns():
+    """Fused eager: SDPA over padded keys and values (an exact result) is the C++ kernel's; its int
+    returns (max_q, max_k) are the call's, max_k the keys' exact length every token, as the meta
+    kernel gives them at exact sizes. Outputs equal the CPU's."""
+    if torch_pjrt.eager_mode() != "fused":
+        pytest.skip("the C++ recorder serves fused eager; op by op every growing call is the Python kernel's")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 1, 8, generator=g)
+    keys, values = torch.randn(1, 2, 2, 8, generator=g), torch.randn(1, 2, 2, 8, generator=g)
+    pk, pv, pq = keys.to("pjrt"), values.to("pjrt"), q.to("pjrt")
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    torch_pjrt.reset_eager_stats()
+    for _ in range(24):
+        new_k, new_v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 1, 8, generator=g)
+        keys, values = torch.cat([keys, new_k], dim=2), torch.cat([values, new_v], dim=2)
+        pk, pv = torch.cat([pk, new_k.to("pjrt")], dim=2), torch.cat([pv, new_v.to("pjrt")], dim=2)
+        got = op(pq, pk, pv)
+        meta = op(*(t.to("meta") for t in (q, keys, values)))
+        assert (got[4], got[5]) == (meta[4], meta[5]) == (1, keys.shape[2])
+        torch.testing.assert_close(got[0].cpu(), F.scaled_dot_product_attention(q, keys, values))
+    counts = torch_pjrt.eager_stats()["paths"]["aten::_scaled_dot_product_fused_attention_overrideable"]
+    assert counts["cpp_recorder"] >= 20, counts
+
+
 def test_views_of_a_growing_tensor_read_the_padded_array():
     dev, ref = _grow(6)
     torch_pjrt.reset_eager_stats()

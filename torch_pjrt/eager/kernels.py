@@ -85,6 +85,10 @@ class SignatureTraits(NamedTuple):
     checks: tuple  # (exception factory, op) per index probe (index_checks.errors_of)
     appends: bool  # the result is an append's exact result: its storage grows if appended to again
     ints: tuple  # the op's int returns, in order (from its meta kernel)
+    # a call over a padded operand (ops/growth.py): how much longer than that operand its padded
+    # result is (an append onto a KV cache: the new piece's length); None where the C++ kernel
+    # leaves such calls to the Python kernel (an exact result over padded operands, attention)
+    grows_by: int | None = None
 
 
 class Kernel:
@@ -117,11 +121,62 @@ class Kernel:
     def describe(self, values) -> SignatureTraits:
         """The traits of a call of the op's executable on prepared `values` (see SignatureTraits)."""
         values = list(values[:len(self.sig.names)])
+        padded = [place for place in _places(values) if isinstance(_at(values, place), PaddedOperand)]
+        if padded:
+            return self._describe_padded(values, padded)
         checks = bounds.errors_of(self.index_probes, self.op, values) if self.index_probes is not None else ()
         growth = self.lowering.grows(values) if self.lowering.grows is not None else None
         ints = self.int_values(*self.sig.split(errors.meta_values(self.lowering, self.sig, values))) \
             if self.int_returns else ()
         return SignatureTraits(checks, growth is not None and growth.length is not None, tuple(ints))
+
+    def _describe_padded(self, values: list, padded: list) -> SignatureTraits:
+        """The traits of a call whose operands at `padded` are PaddedOperands (their shapes are their
+        capacities), served in C++ where _run_padded would make the same call: the entry's rule
+        names those operands and axis, and either one operand grows (grows_by: by how much) or the
+        result is exact (grows_by 0: attention over a cache), its int returns constant or the
+        operands' length (None in `ints`, the C++ kernel puts the call's length there)."""
+        refused = SignatureTraits((), False, (), None)
+        growth = self.lowering.grows(values)
+        operands = [_at(values, place) for place in padded]
+        if (self.index_probes is not None or growth is None or list(growth.operands) != padded
+                or any(o.axis != growth.axis for o in operands)):
+            return refused
+        if growth.length is not None:
+            if len(operands) != 1 or self.int_returns:
+                return refused
+            return SignatureTraits((), False, (), growth.length - operands[0].shape[growth.axis])
+        capacity = operands[0].shape[growth.axis]
+        if not self.int_returns:
+            return SignatureTraits((), False, (), 0)
+        if capacity < 2:
+            return refused
+        # the int returns at two lengths: the ones that follow the length are the length
+        at = [self._padded_ints(values, padded, growth.axis, length) for length in (capacity, capacity - 1)]
+        if at[0] is None or at[1] is None:
+            return refused
+        ints = []
+        for a, b in zip(*at):
+            if a == b:
+                ints.append(a)
+            elif (a, b) == (capacity, capacity - 1):
+                ints.append(None)
+            else:
+                return refused
+        return SignatureTraits((), False, tuple(ints), 0)
+
+    def _padded_ints(self, values: list, padded: list, axis: int, length: int) -> tuple | None:
+        """The int returns of the call with its padded operands `length` long (the meta kernel's)."""
+        exact = list(values)
+        for place in padded:
+            operand = _at(exact, place)
+            shape = list(operand.shape)
+            shape[axis] = length
+            _put(exact, place, jax.ShapeDtypeStruct(tuple(shape), operand.dtype))
+        try:
+            return tuple(self.int_values(*self.sig.split(errors.meta_values(self.lowering, self.sig, exact))))
+        except Exception:  # noqa: BLE001  (the Python kernel serves what the meta kernel refuses)
+            return None
 
     def compute(self, args: tuple, kwargs: dict, grow: bool = False):
         """(raw JAX result, device index, whether it is an append's exact result) for a dispatcher
@@ -293,6 +348,15 @@ def _run_padded(op, growth: Growth, values: list, operands: list, grow: bool) ->
     for place, v in zip(growth.operands, current):
         _put(values, place, PaddedOperand(v.array, v.axis, storage.offset_operand(v.length)))
     return True
+
+
+def _places(values: list):
+    """(argument position, list position or None) of every operand in `values`, as Growth names them."""
+    for arg, value in enumerate(values):
+        if isinstance(value, (list, tuple)):
+            yield from ((arg, item) for item in range(len(value)))
+        else:
+            yield arg, None
 
 
 def _at(values, place):
@@ -559,6 +623,7 @@ def register(special: dict) -> None:
                              Pending, _ARRAY, storage.StridedView, fused, fused._devices_are_one())
     _rt.set_index_check_helpers(bounds._lock, bounds._seen, bounds._queued, bounds._nothing_seen,
                                 bounds.raise_pending, bounds._MAX_QUEUED)
+    _rt.set_growth_helpers(storage.Padded, PaddedOperand, storage.offset_operand)
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)

@@ -94,45 +94,47 @@ def _warn_uint8_masks(indices) -> None:
             warnings.warn(_UINT8_INDEX, UserWarning, stacklevel=level)
 
 
-def _expanded(indices, counts):
-    """Each bool/uint8 mask of `indices` replaced by the coordinates of its `counts` (static)
-    nonzero elements, in order."""
-    out, counts = [], iter(counts)
-    for i in indices:
-        if _is_mask(i):
-            out.extend(jnp.nonzero(i, size=next(counts)))
-        else:
-            out.append(i)
-    return out
-
-
 @jax.jit
 def _mask_counts(masks):
     return [jnp.count_nonzero(m) for m in masks]
 
 
-def mask_counts(indices) -> tuple | None:
+def mask_counts(indices) -> tuple:
     """How many elements each mask of `indices` selects: the one host read a masked index
-    needs (its output's length), all masks in one executable. None for a 0-d mask (torch's
-    Python indexing turns those into an unsqueeze before they get here)."""
-    masks = [i for i in indices if _is_mask(i)]
-    if any(m.ndim == 0 for m in masks):
-        return None
-    return tuple(int(c) for c in jax.device_get(_mask_counts(masks)))
+    needs (its output's length), all masks in one executable."""
+    return tuple(int(c) for c in jax.device_get(_mask_counts([i for i in indices if _is_mask(i)])))
 
 
-_expand_sized = jax.jit(_expanded, static_argnums=(1,))
+@jax.jit
+def _padded_coordinates(mask):
+    """The coordinates of mask's nonzero elements, in order, then zeros up to mask.size: a
+    length that does not depend on the data, so one executable per mask shape."""
+    return jnp.nonzero(mask, size=mask.size, fill_value=0)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _head(x, axis: int, length: int):
+    """x's first `length` elements along `axis`: the only executable a mask's count keys."""
+    return jax.lax.slice_in_dim(x, 0, length, axis=axis)
 
 
 def expand_masks(self, indices):
     """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only).
-    jnp.nonzero of a concrete mask would run its dozen primitives one by one, each compiled for
-    the mask's count; here the counts come first (one read) and the coordinates from one
-    executable per count."""
-    counts = mask_counts(indices)
-    if counts is None:
-        return [c for i in indices for c in (jnp.nonzero(i) if _is_mask(i) else (i,))]
-    return _expand_sized(list(indices), counts)
+    jnp.nonzero of a concrete mask would run its dozen primitives one by one, each compiled
+    again for each count; here the coordinates come padded from one executable per mask shape
+    and only a slice is compiled per count."""
+    counts = iter(mask_counts(indices))
+    out = []
+    for i in indices:
+        if _is_mask(i):
+            count = next(counts)
+            if i.ndim == 0:  # (torch's Python indexing unsqueezes these before they get here)
+                out.extend(jnp.nonzero(i))
+            else:
+                out.extend(_head(c, 0, count) for c in _padded_coordinates(i))
+        else:
+            out.append(i)
+    return out
 
 
 def _index_key(shape, indices):
@@ -153,16 +155,23 @@ def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
         _warn_uint8_masks(indices)
-        counts = mask_counts(indices)
-        if counts is not None:  # masks to coordinates and the gather: one executable per count
-            return _index_masked(self, indices, counts)
+        given = [d for d, i in enumerate(indices) if i is not None]
+        if len(given) == 1 and indices[given[0]].ndim > 0:  # self[..., mask]: one executable per shape
+            where = given[0]
+            (count,) = mask_counts(indices)
+            return _head(_index_padded(self, indices), where, count)
         indices = expand_masks(self, indices)
     return _index_ints(self, indices)
 
 
-@functools.partial(jax.jit, static_argnums=(2,))
-def _index_masked(self, indices, counts):
-    return _index_ints(self, _expanded(indices, counts))
+@jax.jit
+def _index_padded(self, indices):
+    """self indexed by one mask (the other indices None) at its padded coordinates: the selected
+    elements first along the mask's dim, then copies of the first element."""
+    expanded = []
+    for i in indices:
+        expanded.extend(_padded_coordinates(i) if _is_mask(i) else (i,))
+    return _index_ints(self, expanded)
 
 
 def _index_put_ints(self, indices, values, accumulate):

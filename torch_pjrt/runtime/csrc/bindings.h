@@ -72,6 +72,22 @@ class PyLockGuard {
 // same shape and dtype, which XLA can write in place), as two tuples of positions.
 py::tuple region_plan(py::list outputs, py::list inputs);
 
+// Growing storages (ops/growth.py, storage.py): their Python types and storage.offset_operand.
+struct GrowthHelpers {
+  PyObject* padded_type = nullptr;          // storage.Padded: a padded storage's buffer
+  PyObject* padded_operand_type = nullptr;  // growth.PaddedOperand: a padded operand as a lowering takes it
+  PyObject* offset_operand = nullptr;       // storage.offset_operand: a length as a cached int64 device scalar
+  PyObject *array, *axis, *length;           // interned attribute names
+};
+extern GrowthHelpers g_growth;
+void set_growth_helpers(py::object padded_type, py::object padded_operand_type, py::object offset_operand);
+
+// A padded operand of a call (a KV cache appended to): its length and capacity along its axis.
+struct PaddedCall {
+  int64_t length = -1;  // -1: the call has no padded operand
+  int64_t capacity = 0;
+};
+
 // One fast kernel's recorder: the call signatures it has recorded (fused.call_signature's answers).
 class CallRecorder {
  public:
@@ -79,7 +95,10 @@ class CallRecorder {
   // Record recordable(*values) (args: the same arguments as the dispatcher gave them) into this
   // thread's region: its outputs (a Pending, or their pytree), a new reference. nullptr where
   // fused.record must record the call instead: with an error set, the call's own error.
-  PyObject* record(const c10::IValue* args, PyObject* values, int device);
+  // `padded`: the call's padded operand, if any; the signature's description says how much the
+  // padded result grows (kernels.SignatureTraits.grows_by), and a call whose result would not fit
+  // the operand's capacity is left to the Python kernel (it grows the storage).
+  PyObject* record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded = {});
   // The recordable's description (Recordable.describe) of the signature record() last recorded, borrowed.
   PyObject* description() const { return description_; }
   int64_t recorded = 0;  // calls recorded here
@@ -94,6 +113,7 @@ class CallRecorder {
     py::object description;  // Recordable.describe(args) on first sight (None without one)
   };
   bool view_key(PyObject* view);
+  bool padded_key(PyObject* operand);
   bool operand_key(PyObject* leaf);
   struct KeyHash {
     size_t operator()(const std::vector<int64_t>& key) const;

@@ -54,6 +54,13 @@ struct EagerHelpers {
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
+GrowthHelpers g_growth;
+
+static py::object attr(PyObject* o, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (!v) throw python_error();
+  return py::reinterpret_steal<py::object>(v);
+}
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
 
 struct IndexCheckHelpers {  // runtime/index_checks.py
@@ -198,6 +205,7 @@ class FastKernel : public c10::OperatorKernel {
     py::gil_scoped_acquire gil;
     py::object result, traits;
     int device = -1;
+    padded_ = PaddedCall();
     {
       auto args = torch::jit::last(*stack, n);
       py::tuple values(n);
@@ -284,7 +292,7 @@ class FastKernel : public c10::OperatorKernel {
           PyTuple_SET_ITEM(operands.ptr(), i, py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(values.ptr(), i)).release().ptr());
         PyTuple_SET_ITEM(operands.ptr(), n, flag.release().ptr());
       }
-      PyObject* out = recorder_.record(args, operands.ptr(), device);
+      PyObject* out = recorder_.record(args, operands.ptr(), device, padded_);
       if (!out) {  // a call the recorder leaves to Python, or the call's own error: the Python kernel
         if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
         PyErr_Clear();
@@ -292,8 +300,8 @@ class FastKernel : public c10::OperatorKernel {
       }
       result = py::reinterpret_steal<py::object>(out);
       traits = py::reinterpret_borrow<py::object>(recorder_.description());
-      TORCH_CHECK(PyTuple_Check(traits.ptr()) && PyTuple_GET_SIZE(traits.ptr()) == 3, "pjrt: ", name_,
-                  "'s signature has no (checks, appends, ints) description");
+      TORCH_CHECK(PyTuple_Check(traits.ptr()) && PyTuple_GET_SIZE(traits.ptr()) == 4, "pjrt: ", name_,
+                  "'s signature has no (checks, appends, ints, grows_by) description");
       if (checked_) {
         PyObject* errors = PyTuple_GET_ITEM(traits.ptr(), 0);
         TORCH_CHECK(PyTuple_Check(result.ptr()) && PyTuple_GET_SIZE(result.ptr()) == 3, "pjrt: ", name_,
@@ -383,9 +391,12 @@ class FastKernel : public c10::OperatorKernel {
       device = index;
       Holder* h = holder_of(t.storage());
       settle(h);
+      if (grows_ && h && h->buffer && Py_TYPE(h->buffer) == reinterpret_cast<PyTypeObject*>(g_growth.padded_type) &&
+          !h->appended && is_whole_buffer(t, h))
+        return padded_operand(h->buffer, fast);
       if (grows_ && h && (h->appended || (h->buffer && !is_pending(h->buffer) &&
                                           Py_TYPE(h->buffer) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)))) {
-        fast = false;  // a growing storage (an append's result, or padded): the Python kernel pads the call
+        fast = false;  // a growing storage (an append's first result, or a view of a padded one): the Python kernel
         return py::none();
       }
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
@@ -401,6 +412,43 @@ class FastKernel : public c10::OperatorKernel {
     }
     fast = false;  // CPU tensors: the Python kernel allows scalars and raises for the rest
     return py::none();
+  }
+
+  // A padded storage's buffer (storage.Padded) as the lowering of an op that grows takes it: a
+  // PaddedOperand of its array and its length as a traced scalar. Several in one call (attention's
+  // keys and values) have one length and capacity; others are the Python kernel's (it runs such
+  // calls at exact sizes).
+  py::object padded_operand(PyObject* buffer, bool& fast) {
+    py::object array = attr(buffer, g_growth.array), axis = attr(buffer, g_growth.axis);
+    py::object length = attr(buffer, g_growth.length);
+    const int64_t n = length.cast<int64_t>();
+    const int64_t capacity = array_type(array).shape.at(axis.cast<size_t>());
+    if (padded_.length >= 0 && (padded_.length != n || padded_.capacity != capacity)) {
+      fast = false;
+      return py::none();
+    }
+    padded_.length = n;
+    padded_.capacity = capacity;
+    PyObject* traced = PyObject_CallOneArg(g_growth.offset_operand, length.ptr());
+    if (!traced) throw python_error();
+    return new_slotted(g_growth.padded_operand_type,
+                       {{g_growth.array, array.ptr()}, {g_growth.axis, axis.ptr()},
+                        {g_growth.length, py::reinterpret_steal<py::object>(traced).ptr()}});
+  }
+
+  // An append's padded result (the lowering's PaddedOperand: its array and its traced length) as a
+  // tensor of the exact length `length` over a storage.Padded buffer, as storage.wrap makes it.
+  at::Tensor wrap_padded(const py::object& result, int64_t length, c10::DeviceIndex device) {
+    TORCH_CHECK(Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type),
+                "pjrt: the lowering of ", name_, " returned no padded result for a padded operand");
+    py::object array = attr(result.ptr(), g_growth.array), axis = attr(result.ptr(), g_growth.axis);
+    const ArrayType& type = array_type(array);
+    std::vector<int64_t> shape = type.shape;
+    shape.at(axis.cast<size_t>()) = length;
+    if (!is_pending(array.ptr())) record(array.ptr());
+    py::object buffer = new_slotted(g_growth.padded_type, {{g_growth.array, array.ptr()}, {g_growth.axis, axis.ptr()},
+                                                            {g_growth.length, py::int_(length).ptr()}});
+    return wrap(std::move(buffer), std::move(shape), type.dtype, device);
   }
 
   at::Tensor wrap_result(const c10::OperatorHandle& op, PyObject* array, c10::DeviceIndex device) {
@@ -437,6 +485,21 @@ class FastKernel : public c10::OperatorKernel {
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
                     c10::DeviceIndex device, const py::object& traits) {
     PyObject* ints = traits ? PyTuple_GET_ITEM(traits.ptr(), 2) : nullptr;
+    py::tuple call_ints;
+    if (padded_.length >= 0) {  // recorded only where its traits say how it grows (recorder.cpp)
+      if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) {  // an append
+        const int64_t length = padded_.length + PyLong_AsLongLong(PyTuple_GET_ITEM(traits.ptr(), 3));
+        torch::jit::push(*stack, wrap_padded(result, length, device));
+        return;
+      }
+      // an exact result (attention over a cache): int returns that are the operands' length take this call's
+      call_ints = py::tuple(PyTuple_GET_SIZE(ints));
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ints); i++) {
+        PyObject* value = PyTuple_GET_ITEM(ints, i);
+        call_ints[i] = value == Py_None ? py::int_(padded_.length) : py::reinterpret_borrow<py::object>(value);
+      }
+      ints = call_ints.ptr();
+    }
     push_returns(op, stack, result.ptr(), [&](PyObject* array) { return wrap_result(op, array, device); }, ints);
     if (traits && PyTuple_GET_ITEM(traits.ptr(), 1) == Py_True) {
       const at::Tensor& appended = stack->back().toTensor();  // an append has one return
@@ -508,6 +571,7 @@ class FastKernel : public c10::OperatorKernel {
   bool checked_;
   bool grows_;
   bool has_operands_ = false;  // tensor operands say where the call runs; a factory's device argument alone
+  PaddedCall padded_;  // the call's padded operand (ops that grow), reset per call; the GIL guards it
 
  public:
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
@@ -591,6 +655,12 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
 }
 
 void set_fused(bool fused) { g_fused = fused; }
+
+void set_growth_helpers(py::object padded_type, py::object padded_operand_type, py::object offset_operand) {
+  auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
+  g_growth = {padded_type.release().ptr(), padded_operand_type.release().ptr(), offset_operand.release().ptr(),
+              name("array"), name("axis"), name("length")};
+}
 
 void set_index_check_helpers(py::object lock, py::dict seen, py::list queued, py::object nothing_seen,
                              py::object raise_pending, Py_ssize_t max_queued) {

@@ -204,6 +204,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_fast_kernel", &tp::register_fast_kernel);
   m.def("register_clone_kernel", &tp::register_clone_kernel);
   m.def("register_to_copy_kernel", &tp::register_to_copy_kernel);
+  m.def("set_growth_helpers", &tp::set_growth_helpers);
   m.def("set_fused", &tp::set_fused);
   m.def("set_index_check_helpers", &tp::set_index_check_helpers);
   m.def("store_whole", &tp::store_whole);

@@ -212,14 +212,28 @@ bool CallRecorder::view_key(PyObject* view) {
   return true;
 }
 
-// One operand (None, a StridedView, an array or a Pending) as key words and leaves; false for
-// anything else (fused.record then).
+// A PaddedOperand (ops/growth.py): its array's aval and its axis as key words; its leaves are
+// the array and its length (a traced scalar: every call of a growing cache has another).
+bool CallRecorder::padded_key(PyObject* operand) {
+  py::object array = attr(operand, g_growth.array);
+  py::object length = attr(operand, g_growth.length);
+  if (!is_value(array.ptr()) || !is_value(length.ptr())) return false;
+  key_.insert(key_.end(), {11, reinterpret_cast<intptr_t>(attr(array.ptr(), g_rec.aval).ptr()),
+                           attr(operand, g_growth.axis).cast<int64_t>()});
+  leaves_.push_back(array.ptr());  // the operand holds them
+  leaves_.push_back(length.ptr());
+  return true;
+}
+
+// One operand (None, a StridedView, a PaddedOperand, an array or a Pending) as key words and
+// leaves; false for anything else (fused.record then).
 bool CallRecorder::operand_key(PyObject* leaf) {
   if (leaf == Py_None) {  // an empty pytree: no leaf
     key_.push_back(0);
     return true;
   }
   if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) return view_key(leaf);
+  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) return padded_key(leaf);
   if (!is_value(leaf)) return false;
   key_.push_back(reinterpret_cast<intptr_t>(attr(leaf, g_rec.aval).ptr()));  // held by the signature
   leaves_.push_back(leaf);
@@ -232,7 +246,7 @@ size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const 
   return h;
 }
 
-PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int device) {
+PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded) {
   if (!g_ready) return nullptr;
   const Py_ssize_t n = PyTuple_GET_SIZE(values);
   if (is_static_.empty()) {
@@ -284,6 +298,11 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   }
   const Signature& s = found->second;
   description_ = s.description.ptr();
+  if (padded.length >= 0) {  // an append onto a padded storage: recorded here only if it fits
+    PyObject* grows_by = PyTuple_Check(description_) && PyTuple_GET_SIZE(description_) > 3
+                             ? PyTuple_GET_ITEM(description_, 3) : Py_None;
+    if (grows_by == Py_None || padded.length + PyLong_AsLongLong(grows_by) > padded.capacity) return nullptr;
+  }
 
   PyLockGuard lock(g_rec.lock);  // fused._lock: regions are shared with threads that run them
   PyObject* region = current_region();
