@@ -118,6 +118,21 @@ def _head(x, axis: int, length: int):
     return jax.lax.slice_in_dim(x, 0, length, axis=axis)
 
 
+def check_mask_shapes(self, indices) -> None:
+    """CPU's IndexError for a mask whose shape is not that of the dims it spans (the gather
+    would read other elements than the mask names, or clamp)."""
+    dim = 0
+    for i in indices:
+        if _is_mask(i):
+            for j, n in enumerate(i.shape):
+                if dim + j < self.ndim and n != self.shape[dim + j]:
+                    raise IndexError(f"The shape of the mask {list(i.shape)} at index {j} does not match the shape "
+                                     f"of the indexed tensor {list(self.shape)} at index {dim + j}")
+            dim += i.ndim
+        else:
+            dim += 1
+
+
 def expand_masks(self, indices):
     """Replace each bool/uint8 mask by its nonzero coordinates (concrete arrays only).
     jnp.nonzero of a concrete mask would run its dozen primitives one by one, each compiled
@@ -155,6 +170,7 @@ def index(self, indices):
     indices = list(indices)
     if any(_is_mask(i) for i in indices):
         _warn_uint8_masks(indices)
+        check_mask_shapes(self, indices)
         given = [d for d, i in enumerate(indices) if i is not None]
         if len(given) == 1 and indices[given[0]].ndim > 0:  # self[..., mask]: one executable per shape
             where = given[0]
@@ -223,6 +239,7 @@ def index_put(self, indices, values, accumulate=False):
             # CPU writes one value through one mask with masked_fill_, which refuses uint8 masks
             raise TypeError("index_put_: a uint8 mask with a single value")
         _warn_uint8_masks(indices)
+        check_mask_shapes(self, indices)
         only = masks[0]
         if len(masks) == 1 and indices[only].ndim > 0 and all(i is None for i in indices[:only]) \
                 and all(i is None for i in indices[only + 1:]):
