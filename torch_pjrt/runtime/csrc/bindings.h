@@ -47,6 +47,22 @@ const ArrayType& array_type(const py::object& array);
 // no lazy conj/neg bit): the zero-cost read of the eager hot path.
 bool is_whole_buffer(const at::Tensor& t, const Holder* h);
 
+// ---- __slots__ attributes read and written at their offsets ----
+// The hot path reads and writes the attributes of a few __slots__ classes of ours (fused.Pending
+// and fused.Region, storage's buffers) for every call; through PyObject_GetAttr each costs a type
+// lookup and a descriptor call. A slot is a PyMemberDef at a fixed offset in the instance, so
+// the path reads and writes it there, on objects whose exact type it checked.
+struct Slot {
+  Py_ssize_t offset = -1;
+  static Slot of(PyObject* type, const char* name);  // the member `name` of a __slots__ class
+  PyObject* get(PyObject* o) const;                    // borrowed; raises AttributeError where unset
+  void set(PyObject* o, PyObject* value) const;        // a new reference to `value`
+};
+struct PendingSlots {
+  Slot aval, value, region, slot;
+};
+extern PendingSlots g_pending;  // set with g_pending_type
+
 // ---- recorder.cpp: fused eager's recorder for fast kernels' calls ----
 // An instance of a __slots__ class with `slots` (name, value) set, made without running its
 // __init__ (no bytecode runs, so no other thread runs meanwhile).

@@ -648,6 +648,8 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
   g_eager = {weak_scalar.release().ptr(), read_lazily.release().ptr(), record.release().ptr(),
              array_type.release().ptr(), strided_view.release().ptr(), record_call.release().ptr()};
   g_pending_type = pending_type.release().ptr();
+  g_pending = {Slot::of(g_pending_type, "aval"), Slot::of(g_pending_type, "value"), Slot::of(g_pending_type, "region"),
+               Slot::of(g_pending_type, "slot")};
   for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
     auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
     if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();

@@ -4,6 +4,7 @@
 // (allocator.cpp) owns the buffer; a tensor is a view of it. One unit for all of it, as
 // each unit that includes torch's pybind casters costs seconds of build time.
 #include "bindings.h"
+#include <structmember.h>  // T_OBJECT_EX: a __slots__ member
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -34,15 +35,40 @@ std::array<ArrayType, 256> g_array_types;
 }  // namespace
 
 PyObject* g_pending_type = nullptr;
+PendingSlots g_pending;
+
+Slot Slot::of(PyObject* type, const char* name) {
+  py::object descr = py::reinterpret_steal<py::object>(PyObject_GetAttrString(type, name));
+  if (!descr) throw python_error();
+  TORCH_CHECK(Py_TYPE(descr.ptr()) == &PyMemberDescr_Type, "pjrt: ", reinterpret_cast<PyTypeObject*>(type)->tp_name,
+              ".", name, " is not a __slots__ member");
+  PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr.ptr())->d_member;
+  TORCH_CHECK(member->type == T_OBJECT_EX, "pjrt: ", name, " is not an object slot");
+  return Slot{member->offset};
+}
+
+PyObject* Slot::get(PyObject* o) const {
+  PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+  if (!v) {
+    PyErr_Format(PyExc_AttributeError, "pjrt: a %s attribute is unset", Py_TYPE(o)->tp_name);
+    throw python_error();
+  }
+  return v;
+}
+
+void Slot::set(PyObject* o, PyObject* value) const {
+  PyObject** place = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
+  Py_XINCREF(value);
+  PyObject* old = *place;
+  *place = value;
+  Py_XDECREF(old);
+}
 
 void settle(Holder* h) {
   if (!h || !h->buffer || !is_pending(h->buffer)) return;
-  PyObject* value = PyObject_GetAttrString(h->buffer, "value");
-  if (!value) throw python_error();
-  if (value == Py_None) {
-    Py_DECREF(value);
-    return;
-  }
+  PyObject* value = g_pending.value.get(h->buffer);
+  if (value == Py_None) return;
+  Py_INCREF(value);
   std::swap(h->buffer, value);  // the holder takes the array; `value` now holds the Pending
   Py_DECREF(value);
 }
@@ -108,7 +134,9 @@ void set_dtype_map(py::dict jax_to_torch) {
 }
 
 const ArrayType& array_type(const py::object& array) {
-  py::object aval = array.attr("aval");
+  static PyObject* aval_name = PyUnicode_InternFromString("aval");
+  py::object aval = py::reinterpret_steal<py::object>(PyObject_GetAttr(array.ptr(), aval_name));
+  if (!aval) throw python_error();
   auto& entry = g_array_types[(reinterpret_cast<uintptr_t>(aval.ptr()) >> 4) % g_array_types.size()];
   if (entry.aval != aval.ptr()) {
     entry.shape = aval.attr("shape").cast<std::vector<int64_t>>();

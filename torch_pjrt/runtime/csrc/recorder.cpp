@@ -58,22 +58,44 @@ void set_attr(PyObject* o, PyObject* name, PyObject* value) {
   if (PyObject_SetAttr(o, name, value) < 0) throw python_error();
 }
 
+struct RegionSlots {  // fused.Region's
+  Slot calls, structure, inputs, input_index, outputs, device, ran;
+};
+RegionSlots g_region;
+PyObject* g_region_type = nullptr;
+
 // The region this thread records into (a new one once the last ran).
 PyObject* current_region() {
-  if (t_region && attr(t_region, g_rec.ran).ptr() != Py_True) return t_region;
+  if (t_region && g_region.ran.get(t_region) != Py_True) return t_region;
   Py_CLEAR(t_region);
   t_region = PyObject_CallNoArgs(g_rec.current_region);
   if (!t_region) throw python_error();
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t_region));
+  if (type != g_region_type) {  // the first region: where its slots lie
+    g_region = {Slot::of(type, "calls"), Slot::of(type, "structure"), Slot::of(type, "inputs"),
+                Slot::of(type, "input_index"), Slot::of(type, "outputs"), Slot::of(type, "device"),
+                Slot::of(type, "ran")};
+    g_region_type = type;
+  }
   return t_region;
 }
 
 // A Pending(aval, region, slot) made without running its Python __init__: no bytecode runs
 // while a call is recorded.
 py::object new_pending(PyObject* aval, PyObject* region, Py_ssize_t slot) {
+  auto* type = reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
+  PyObject* o = type->tp_alloc(type, 0);
+  if (!o) throw python_error();
+  py::object pending = py::reinterpret_steal<py::object>(o);
   py::object index = py::reinterpret_steal<py::object>(PyLong_FromSsize_t(slot));
-  return new_slotted(g_rec.pending_type, {{g_rec.aval, aval}, {g_rec.value, Py_None}, {g_rec.region, region},
-                                          {g_rec.slot, index.ptr()}});
+  g_pending.aval.set(o, aval);
+  g_pending.value.set(o, Py_None);
+  g_pending.region.set(o, region);
+  g_pending.slot.set(o, index.ptr());
+  return pending;
 }
+
+py::object borrowed(PyObject* o) { return py::reinterpret_borrow<py::object>(o); }
 
 // A static argument as key words; false for one this cache does not key (fused.record then).
 bool static_key(const c10::IValue& v, std::vector<int64_t>& key) {
@@ -121,18 +143,44 @@ bool static_key(const c10::IValue& v, std::vector<int64_t>& key) {
 
 }  // namespace
 
+namespace {
+// A lock's bound acquire and release methods, looked up once per lock (the runtime holds two).
+struct BoundLock {
+  PyObject* lock = nullptr;
+  PyObject* acquire = nullptr;
+  PyObject* release = nullptr;
+};
+BoundLock g_bound_locks[4];
+
+const BoundLock& bound(PyObject* lock) {
+  for (auto& b : g_bound_locks) {
+    if (b.lock == lock) return b;
+    if (!b.lock) {
+      PyObject* acquire = PyObject_GetAttrString(lock, "acquire");
+      PyObject* release = acquire ? PyObject_GetAttrString(lock, "release") : nullptr;
+      if (!release) {
+        Py_XDECREF(acquire);
+        throw python_error();
+      }
+      Py_INCREF(lock);
+      b = {lock, acquire, release};
+      return b;
+    }
+  }
+  TORCH_CHECK(false, "pjrt: more Python locks than the recorder keeps");
+}
+}  // namespace
+
 PyLockGuard::PyLockGuard(PyObject* lock) : lock_(lock) {
-  static PyObject* acquire = PyUnicode_InternFromString("acquire");
-  PyObject* r = PyObject_CallMethodNoArgs(lock_, acquire);
+  PyObject* r = PyObject_CallNoArgs(bound(lock_).acquire);
   if (!r) throw python_error();
   Py_DECREF(r);
 }
 
 PyLockGuard::~PyLockGuard() {
-  static PyObject* release = PyUnicode_InternFromString("release");
   PyObject *type, *value, *trace;
   PyErr_Fetch(&type, &value, &trace);  // release with a pending error kept
-  PyObject* r = PyObject_CallMethodNoArgs(lock_, release);
+  PyObject* r = PyObject_CallNoArgs(bound(lock_).release);
   Py_XDECREF(r);
   PyErr_Restore(type, value, trace);
 }
@@ -235,7 +283,9 @@ bool CallRecorder::operand_key(PyObject* leaf) {
   if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) return view_key(leaf);
   if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) return padded_key(leaf);
   if (!is_value(leaf)) return false;
-  key_.push_back(reinterpret_cast<intptr_t>(attr(leaf, g_rec.aval).ptr()));  // held by the signature
+  PyObject* aval = Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type) ? g_pending.aval.get(leaf)
+                                                                                        : attr(leaf, g_rec.aval).ptr();
+  key_.push_back(reinterpret_cast<intptr_t>(aval));  // held by the signature (an array's aval: by the array)
   leaves_.push_back(leaf);
   return true;
 }
@@ -306,10 +356,10 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
 
   PyLockGuard lock(g_rec.lock);  // fused._lock: regions are shared with threads that run them
   PyObject* region = current_region();
-  py::object calls = attr(region, g_rec.calls);
+  py::object calls = borrowed(g_region.calls.get(region));
   const Py_ssize_t recorded_calls = PyList_GET_SIZE(calls.ptr());
   if (!g_rec.single_device && recorded_calls) {
-    py::object region_device = attr(region, g_rec.device);
+    py::object region_device = borrowed(g_region.device.get(region));
     if (!region_device.is_none() && region_device.cast<int>() != device) return nullptr;  // record ends the region
   }
   // each operand: the slot of a pending output of this region, or an input of the region
@@ -318,10 +368,10 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     if (!leaves_[j]) leaves_[j] = s.constants[j].ptr();
     PyObject* leaf = leaves_[j];
     if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type)) {
-      py::object value = attr(leaf, g_rec.value);
+      py::object value = borrowed(g_pending.value.get(leaf));
       if (value.is_none()) {
-        if (attr(leaf, g_rec.region).ptr() != region) return nullptr;  // another thread's: record runs it first
-        operands[j] = attr(leaf, g_rec.slot);
+        if (g_pending.region.get(leaf) != region) return nullptr;  // another thread's: record runs it first
+        operands[j] = borrowed(g_pending.slot.get(leaf));
         continue;
       }
       leaf = value.ptr();
@@ -331,8 +381,8 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     operands[j] = py::reinterpret_borrow<py::object>(leaf);
   }
   // nothing returns early from here on: the region takes the call
-  py::object inputs = attr(region, g_rec.inputs);
-  py::object index = attr(region, g_rec.input_index);
+  py::object inputs = borrowed(g_region.inputs.get(region));
+  py::object index = borrowed(g_region.input_index.get(region));
   py::tuple refs(leaves_.size());
   for (size_t j = 0; j < leaves_.size(); j++) {
     PyObject* operand = operands[j].ptr();
@@ -359,7 +409,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     }
     PyTuple_SET_ITEM(refs.ptr(), j, PyLong_FromSsize_t(-1 - k));
   }
-  py::object outputs = attr(region, g_rec.outputs);
+  py::object outputs = borrowed(g_region.outputs.get(region));
   const Py_ssize_t base = PyList_GET_SIZE(outputs.ptr());
   const size_t n_out = s.out_avals.size();
   py::list outs(n_out);
@@ -372,9 +422,9 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   py::tuple call = py::make_tuple(py::handle(recordable_), s.statics, s.treedef, refs, py::int_(n_out));
   if (PyList_Append(calls.ptr(), call.ptr()) < 0) throw python_error();
   py::tuple entry = py::make_tuple(s.call_id, refs);
-  py::object structure = attr(region, g_rec.structure);
+  py::object structure = borrowed(g_region.structure.get(region));
   if (PyList_Append(structure.ptr(), entry.ptr()) < 0) throw python_error();
-  if (!g_rec.single_device) set_attr(region, g_rec.device, py::int_(device).ptr());
+  if (!g_rec.single_device) g_region.device.set(region, py::int_(device).ptr());
   recorded++;
   py::object result = s.out_treedef.is_none() ? py::object(outs[0]) : s.out_treedef.attr("unflatten")(outs);
   if (recorded_calls + 1 >= attr(g_rec.fused, g_rec.max_calls).cast<Py_ssize_t>()) {
