@@ -501,3 +501,21 @@ def test_batch_norm_values_and_gradients(training):
         return torch.cat([t.detach().flatten() for t in (y, x.grad, w.grad, b.grad, rm, rv)])
 
     torch.testing.assert_close(call("pjrt").cpu(), call("cpu"), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- foreach op_ over tensors sharing memory
+def _foreach_sharing(d):
+    """One tensor twice, and two views of one storage, in a foreach op_'s self (and its other
+    lists): CPU applies the op tensor by tensor, each seeing the writes before it."""
+    a, b = torch.ones(3, device=d), torch.arange(4.0, device=d)
+    base = torch.arange(6.0, device=d).reshape(1, 6) + 1
+    flat, grid = base.view(6), base.view(2, 3)
+    torch._foreach_mul_([a, a, flat, grid], 0.5)
+    torch._foreach_add_([b, b], [b, b])
+    torch._foreach_addcmul_([a, a, b], [b[:3], b[:3], b], [a, b[:3], b], value=2.0)
+    torch._foreach_mul_([flat, grid], torch.tensor(3.0, device=d))
+    return torch.cat([a, b, base.view(6)])
+
+
+def test_foreach_in_place_over_tensors_sharing_memory():
+    _same_as_cpu(_foreach_sharing)

@@ -434,6 +434,12 @@ class InplaceKernel:
         target = args[0] if args else kwargs["self"]
         if not self.self_is_list and errors.may_overlap(self.op, target, args, kwargs):
             errors.check_writes(self.op, args, kwargs, [target])  # CPU refuses writes through overlapping memory
+        if self.self_is_list and len({t.untyped_storage().data_ptr() for t in target}) < len(target):
+            # tensors sharing memory (one tensor twice, two views of one storage): CPU applies the op
+            # tensor by tensor, a later one seeing an earlier one's write; so does this
+            for i in range(len(target)):
+                self(*_item(args, i, len(target)), **{k: _item([v], i, len(target))[0] for k, v in kwargs.items()})
+            return None
         result, _, _ = self.functional.compute(args, kwargs)
         if self.self_is_list:
             for t, v in zip(target, result):
@@ -522,6 +528,12 @@ class OutKernel:
         if not self.op._schema.returns:  # e.g. split_with_sizes_copy.out, whose Tensor[] out returns ()
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _item(args, i: int, n: int) -> list:
+    """A foreach call's arguments for its i-th tensor: each list of its n per-tensor values cut to
+    the i-th (a one-element list); the other arguments as they are."""
+    return [[a[i]] if isinstance(a, (list, tuple)) and len(a) == n else a for a in args]
 
 
 def _flat_values(results) -> list:

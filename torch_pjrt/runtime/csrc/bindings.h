@@ -46,6 +46,10 @@ const ArrayType& array_type(const py::object& array);
 // True when `t` is exactly its storage's buffer (same shape, dtype, offset 0, contiguous,
 // no lazy conj/neg bit): the zero-cost read of the eager hot path.
 bool is_whole_buffer(const at::Tensor& t, const Holder* h);
+// True when `t` covers its whole storage in row-major order with the buffer's dtype (its buffer
+// or a reshape of it: a bias gradient (96,) over a (1, 96) sum): a write of all of `t` replaces
+// the buffer, as storage.write does.
+bool is_whole_storage(const at::Tensor& t, const Holder* h);
 
 // ---- __slots__ attributes read and written at their offsets ----
 // The hot path reads and writes the attributes of a few __slots__ classes of ours (fused.Pending

@@ -22,6 +22,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -164,13 +165,14 @@ bool store_whole(const at::Tensor& self, const py::object& result) {
   Holder* h = holder_of(self.storage());
   bool pending = is_pending(result.ptr());
   if (!(pending || Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_eager.array_type)) ||
-      !is_whole_buffer(self, h) || self.storage().nbytes() != size_t(self.numel()) * self.element_size())
+      !is_whole_storage(self, h))
     return false;
   const ArrayType& type = array_type(result);
-  if (type.shape != h->shape || type.dtype != h->dtype) return false;
+  if (c10::IntArrayRef(type.shape) != self.sizes() || type.dtype != h->dtype) return false;
   if (!pending) record(result.ptr());
   PyObject* old = h->buffer;
   h->buffer = py::object(result).release().ptr();
+  h->shape = type.shape;  // a reshape of the storage takes the buffer in its own shape, as storage.write does
   h->appended = false;
   Py_DECREF(old);
   return true;
@@ -342,6 +344,7 @@ class FastKernel : public c10::OperatorKernel {
         py::object item = tensor_operand(tensors[i], device, fast, written);
         if (fast) PyList_SET_ITEM(out.ptr(), i, item.release().ptr());
       }
+      if (written && fast && shares_storage(tensors)) fast = false;  // CPU's order of writes: the Python kernel
       return out;
     }
     if (kind == kScalarList) {
@@ -364,6 +367,16 @@ class FastKernel : public c10::OperatorKernel {
     if (kind != kTensor) return static_value(v, kind);
     if (v.isNone()) return py::none();
     return tensor_operand(v.toTensor(), device, fast, written);
+  }
+
+  // Whether two tensors of a foreach op_'s self share a storage (one tensor twice, two views of one
+  // storage): CPU applies the op tensor by tensor, and a later tensor sees an earlier one's write.
+  static bool shares_storage(const c10::List<at::Tensor>& tensors) {
+    std::vector<const void*> storages;
+    storages.reserve(tensors.size());
+    for (const at::Tensor& t : tensors) storages.push_back(t.storage().unsafeGetStorageImpl());
+    std::sort(storages.begin(), storages.end());
+    return std::adjacent_find(storages.begin(), storages.end()) != storages.end();
   }
 
   // The device argument as the executable keys on it (a torch.device, as the Python kernel
@@ -400,7 +413,7 @@ class FastKernel : public c10::OperatorKernel {
         return py::none();
       }
       if (is_whole_buffer(t, h)) return py::reinterpret_borrow<py::object>(h->buffer);
-      if (written) {  // an in-place write through a view: the Python kernel checks for overlaps
+      if (written && !is_whole_storage(t, h)) {  // an in-place write through a view: the Python kernel checks overlaps
         fast = false;
         return py::none();
       }

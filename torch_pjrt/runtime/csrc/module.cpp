@@ -73,6 +73,11 @@ void settle(Holder* h) {
   Py_DECREF(value);
 }
 
+bool is_whole_storage(const at::Tensor& t, const Holder* h) {
+  return h && h->buffer && t.storage_offset() == 0 && t.scalar_type() == h->dtype && t.is_contiguous() &&
+         !t.is_conj() && !t.is_neg() && t.storage().nbytes() == size_t(t.numel()) * t.element_size();
+}
+
 bool is_whole_buffer(const at::Tensor& t, const Holder* h) {
   return h && h->buffer && t.storage_offset() == 0 && t.scalar_type() == h->dtype &&
          t.sizes() == c10::IntArrayRef(h->shape) && t.is_contiguous() && !t.is_conj() && !t.is_neg();
