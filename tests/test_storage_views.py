@@ -345,3 +345,22 @@ def test_unfold_is_a_view_writes_go_through_it():
     assert torch.equal(dev.cpu(), cpu)
     x = torch.arange(24.0).reshape(2, 3, 4)
     assert torch.equal(x.to("pjrt").unfold(2, 3, 1).unfold(1, 2, 1).cpu(), x.unfold(2, 3, 1).unfold(1, 2, 1))
+
+
+def test_host_to_device_copies_own_their_data_on_every_dtype():
+    """x.to("pjrt") goes through platform.put (JAX's batched_device_put where this JAX has it, as
+    the pinned one does): the device value is a copy (changing the host tensor after the copy
+    leaves it), on the device asked for, for every dtype torch and pjrt share."""
+    from torch_pjrt.runtime import platform
+
+    assert platform._batched_device_put is not None  # the pinned JAX: the fast path is the one tested
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8,
+                  torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn):
+        host = (torch.arange(6) % 3).to(dtype).reshape(2, 3)
+        for device in ("pjrt:0", "pjrt:1"):
+            before = host.clone()
+            moved = host.to(device)
+            host.zero_() if dtype != torch.bool else host.logical_not_()
+            assert moved.device == torch.device(device) and moved.dtype == dtype
+            assert torch.equal(moved.cpu().view(torch.uint8), before.view(torch.uint8)), (dtype, device)
+            host.copy_(before)

@@ -650,8 +650,8 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
     platform.check_dtype(to_jax(cpu.dtype), device)
     host = to_numpy(cpu)
     if target.platform == "cpu":  # the CPU client aliases numpy memory instead of copying
-        return jax.device_put(np.array(host), target)
-    array = jax.device_put(host, target)
+        return platform.put(np.array(host), device)
+    array = platform.put(host, device)
     return array if non_blocking else array.block_until_ready()
 
 
