@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 import torch
 
 from ..runtime import fused, index_checks as bounds, platform, storage
+from ..runtime.build import load as _load_runtime
 from ..runtime.fused import Recordable
 from ..dtypes import to_jax
 from . import errors
@@ -111,9 +113,20 @@ def clone(self: torch.Tensor, memory_format=None) -> torch.Tensor:
     return storage.wrap_laid_out(storage.read_deferred(self), self.get_device(), storage.layout_of(self, memory_format))
 
 
+# A scalar read (.item(), int(t[0, 0])) of a storage up to this many elements copies the whole
+# storage to the host and reads the element there: no executable for the view (a decode step's
+# token, a loss). Larger storages read the element's view on the device.
+WHOLE_STORAGE_READ = 4096
+
+
 def local_scalar_dense(self: torch.Tensor):
+    buffer = _load_runtime().buffer(self)
+    if type(buffer) in (storage._ARRAY, fused.Pending) and buffer.size <= WHOLE_STORAGE_READ and \
+            buffer.dtype == to_jax(self.dtype):
+        bounds.raise_pending()  # a host sync, as download's
+        return np.asarray(fused.concrete(buffer)).reshape(-1)[self.storage_offset()].item()
     value = storage.read_deferred(self)  # a view's read joins the region computing its storage: one run
-    bounds.raise_pending()  # a host sync, as download's
+    bounds.raise_pending()
     return fused.concrete(value).item()
 
 
