@@ -113,3 +113,17 @@ def test_embedding_bag_sparse_backward_over_padding_values():
     # 3, 7, 0 and 5 occur twice; 19, 11, 13 and 2 once: after one of each, the rest build nothing
     built = measured_warm(lambda: [compare([3, 19]) for _ in range(2)], lambda: _builds(lambda: compare([7, 0, 5, 11, 13, 2])))
     assert built == 0, built
+
+
+def test_nonzero_and_masked_select_build_one_slice_per_new_count():
+    x = torch.randn(6, 7, generator=torch.Generator().manual_seed(2))
+    keys = torch.randperm(42, generator=torch.Generator().manual_seed(3)).reshape(6, 7)
+    xp, kp = x.to("pjrt"), keys.to("pjrt")
+
+    def run(counts):
+        for n in counts:
+            torch.testing.assert_close(torch.nonzero(kp < n).cpu(), torch.nonzero(keys < n))
+            torch.testing.assert_close(torch.masked_select(xp, kp < n).cpu(), torch.masked_select(x, keys < n))
+
+    new = measured_warm(lambda: run([3, 4]), lambda: _builds(lambda: run(range(10, 20))))
+    assert new <= 2 * 10, new  # a slice per new count of each op
