@@ -369,6 +369,20 @@ class FastKernel : public c10::OperatorKernel {
     return tensor_operand(v.toTensor(), device, fast, written);
   }
 
+  // A wrapped number's value, read from its CPU memory (item() would dispatch _local_scalar_dense).
+  static c10::Scalar wrapped_value(const at::Tensor& t) {
+    switch (t.scalar_type()) {
+      case at::kDouble:
+        return *static_cast<const double*>(t.const_data_ptr());
+      case at::kLong:
+        return *static_cast<const int64_t*>(t.const_data_ptr());
+      case at::kBool:
+        return *static_cast<const bool*>(t.const_data_ptr());
+      default:
+        return t.item();
+    }
+  }
+
   // Whether two tensors of a foreach op_'s self share a storage (one tensor twice, two views of one
   // storage): CPU applies the op tensor by tensor, and a later tensor sees an earlier one's write.
   static bool shares_storage(const c10::List<at::Tensor>& tensors) {
@@ -420,7 +434,7 @@ class FastKernel : public c10::OperatorKernel {
       return lazy_view(t, h);
     }
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number: promotes as a Scalar
-      PyObject* s = weak_scalar(t.item());
+      PyObject* s = weak_scalar(wrapped_value(t));
       if (s) return py::reinterpret_borrow<py::object>(s);
     }
     fast = false;  // CPU tensors: the Python kernel allows scalars and raises for the rest
