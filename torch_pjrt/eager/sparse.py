@@ -35,8 +35,16 @@ def _coalesce(self):
     indices, values = self._indices(), self._values()
     if self._nnz() < 2 or sparse_dim == 0:
         return _sparse(indices.clone(), values.clone(), size, True)
-    position, inverse = torch.unique(_linear(indices, size[:sparse_dim]), sorted=True, return_inverse=True)
-    summed = values.new_zeros((position.shape[0],) + tuple(values.shape[1:])).index_add_(0, inverse, values)
+    # sorted positions (stable: duplicates keep their order, so each sum adds in CPU's order), each
+    # run of equal positions one output row; the masked index of the runs' first elements is the
+    # only data-dependent step (one count read). torch.unique here ran jnp.unique primitive by
+    # primitive on the host's copy, compiling a dozen executables per nnz.
+    position, order = torch.sort(_linear(indices, size[:sparse_dim]), stable=True)
+    first = torch.ones_like(position, dtype=torch.bool)
+    first[1:] = position[1:] != position[:-1]
+    row = torch.cumsum(first, 0) - 1
+    position = position[first]
+    summed = values.new_zeros((position.shape[0],) + tuple(values.shape[1:])).index_add_(0, row, values[order])
     rows = []
     for n in reversed(size[:sparse_dim]):
         rows.append(torch.remainder(position, n))
