@@ -60,10 +60,15 @@ SOURCES = ("fast_path.cpp", "module.cpp", "recorder.cpp", "kernels.cpp", "alloca
            "guard.cpp", "sparse.cpp")
 
 
+# NDEBUG: a release build, as torch's own: without it pybind11 checks that the GIL is held on
+# every reference count change of the hot path (PyGILState_Check, a thread-local lookup each).
+CFLAGS = ["-O2", "-DNDEBUG"]
+
+
 def _key() -> str:
-    """Hash of every source and header, the torch build and the Python ABI: a built library
-    is reused exactly when all of them match."""
-    digest = hashlib.sha256(f"{torch.__version__} {sys.implementation.cache_tag}".encode())
+    """Hash of every source and header, the compiler flags, the torch build and the Python ABI:
+    a built library is reused exactly when all of them match."""
+    digest = hashlib.sha256(f"{torch.__version__} {sys.implementation.cache_tag} {' '.join(CFLAGS)}".encode())
     for path in sorted(CSRC.iterdir()):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
@@ -181,7 +186,7 @@ def _build(build_dir: Path, key: str):
         )
         started = time.monotonic()
         try:
-            module = build_and_load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=["-O2"],
+            module = build_and_load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=CFLAGS,
                                     build_directory=str(partial), verbose=False)
         except Exception as e:  # compiler errors arrive as RuntimeError with the log
             shutil.rmtree(partial, ignore_errors=True)
