@@ -71,10 +71,12 @@ def active() -> bool:
 class Pending:
     """The value of a recorded call's output: its abstract value now, its array once its region ran."""
 
-    __slots__ = ("aval", "value", "region", "slot", "__weakref__")
+    # replaces: id() of the array this value replaced as a storage's buffer (an in-place update:
+    # region_plan donates that array to this value, so XLA writes it in place, no copy)
+    __slots__ = ("aval", "value", "region", "slot", "replaces", "__weakref__")
 
     def __init__(self, aval, region, slot: int):
-        self.aval, self.value, self.region, self.slot = aval, None, region, slot
+        self.aval, self.value, self.region, self.slot, self.replaces = aval, None, region, slot, None
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
@@ -415,7 +417,7 @@ def _run(region: Region, reason: str) -> None:
     _stats["ops"] += len(region.calls)
     inputs = region.inputs
     # the outputs someone holds (the rest are never materialized), the inputs XLA may write in place
-    live, donate = _load_runtime().region_plan(region.outputs, inputs)
+    live, donate = _load_runtime().region_plan(region.outputs, inputs, region.input_index)
     key = (region.device, tuple(region.structure), live, donate)
     run = _executables.get(key)
     if run is not None:

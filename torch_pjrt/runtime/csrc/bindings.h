@@ -63,7 +63,7 @@ struct Slot {
   void set(PyObject* o, PyObject* value) const;        // a new reference to `value`
 };
 struct PendingSlots {
-  Slot aval, value, region, slot;
+  Slot aval, value, region, slot, replaces;
 };
 extern PendingSlots g_pending;  // set with g_pending_type
 
@@ -88,9 +88,15 @@ class PyLockGuard {
 };
 
 // fused._run's plan of a region it runs: (the outputs someone besides the region's list holds,
-// the inputs it can donate: arrays only its list holds, each matched by a live output of the
-// same shape and dtype, which XLA can write in place), as two tuples of positions.
-py::tuple region_plan(py::list outputs, py::list inputs);
+// the inputs it can donate: arrays only its list holds, each paired with a live output of the
+// same shape and dtype, which XLA can write in place), as two tuples of positions. An output
+// that replaced an input as a storage's buffer (Pending.replaces) is paired with it; the live
+// outputs are ordered so that JAX's donation (each output takes the first donated input of its
+// shape and dtype, in order) makes exactly these pairs: an in-place update needs no copy.
+py::tuple region_plan(py::list outputs, py::list inputs, py::dict input_index);
+// A storage's buffer replaced by `now` (a Pending) where it was `before` (an array): the
+// Pending remembers which (Pending.replaces), for region_plan.
+void note_replaced(PyObject* now, PyObject* before);
 
 // Growing storages (ops/growth.py, storage.py): their Python types and storage.offset_operand.
 struct GrowthHelpers {

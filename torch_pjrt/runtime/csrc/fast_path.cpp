@@ -171,6 +171,7 @@ bool store_whole(const at::Tensor& self, const py::object& result) {
   if (c10::IntArrayRef(type.shape) != self.sizes() || type.dtype != h->dtype) return false;
   if (!pending) record(result.ptr());
   PyObject* old = h->buffer;
+  note_replaced(result.ptr(), old);
   h->buffer = py::object(result).release().ptr();
   h->shape = type.shape;  // a reshape of the storage takes the buffer in its own shape, as storage.write does
   h->appended = false;
@@ -676,7 +677,7 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
              array_type.release().ptr(), strided_view.release().ptr(), record_call.release().ptr()};
   g_pending_type = pending_type.release().ptr();
   g_pending = {Slot::of(g_pending_type, "aval"), Slot::of(g_pending_type, "value"), Slot::of(g_pending_type, "region"),
-               Slot::of(g_pending_type, "slot")};
+               Slot::of(g_pending_type, "slot"), Slot::of(g_pending_type, "replaces")};
   for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
     auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
     if (index < g_eager.jax_dtypes.size()) g_eager.jax_dtypes[index] = jax_dtype.inc_ref().ptr();

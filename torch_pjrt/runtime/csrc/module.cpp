@@ -99,6 +99,7 @@ py::object buffer(const at::Tensor& t) {
 
 void set_buffer(const at::Tensor& t, py::object obj, std::vector<int64_t> shape, c10::ScalarType dtype) {
   Holder* h = checked_holder(t);
+  if (h->buffer) note_replaced(obj.ptr(), h->buffer);
   PyObject* o = obj.release().ptr();
   std::swap(h->buffer, o);
   h->shape = std::move(shape);

@@ -15,6 +15,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/Exceptions.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -92,6 +93,7 @@ py::object new_pending(PyObject* aval, PyObject* region, Py_ssize_t slot) {
   g_pending.value.set(o, Py_None);
   g_pending.region.set(o, region);
   g_pending.slot.set(o, index.ptr());
+  g_pending.replaces.set(o, Py_None);
   return pending;
 }
 
@@ -194,30 +196,88 @@ py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*
   return instance;
 }
 
-py::tuple region_plan(py::list outputs, py::list inputs) {
-  std::map<std::pair<std::vector<int64_t>, int>, int> room;  // live outputs by (shape, dtype)
-  py::list live, donate;
+void note_replaced(PyObject* now, PyObject* before) {
+  if (!is_pending(now) || now == before) return;
+  if (is_pending(before)) {  // a chain of updates in one region (weight decay, then the step): its first input
+    g_pending.replaces.set(now, g_pending.replaces.get(before));
+    return;
+  }
+  if (Py_TYPE(before) != reinterpret_cast<PyTypeObject*>(g_rec.array_type)) return;
+  py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(before));
+  g_pending.replaces.set(now, id.ptr());
+}
+
+py::tuple region_plan(py::list outputs, py::list inputs, py::dict input_index) {
+  using Type = std::pair<std::vector<int64_t>, int>;
+  auto donatable = [&](Py_ssize_t k) -> const ArrayType* {
+    // an array only the region holds (one in synchronize's bookkeeping has more holders: it is
+    // not donated, which is always safe); a scalar is not worth it, and whether one is donated
+    // would vary the key by chance
+    PyObject* input = PyList_GET_ITEM(inputs.ptr(), k);
+    if (Py_TYPE(input) != reinterpret_cast<PyTypeObject*>(g_rec.array_type) || Py_REFCNT(input) > 1) return nullptr;
+    const ArrayType& type = array_type(py::reinterpret_borrow<py::object>(input));
+    return type.shape.empty() ? nullptr : &type;
+  };
+  std::vector<Py_ssize_t> live;
+  std::vector<Type> live_type;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs.ptr()); i++) {
     PyObject* pending = PyList_GET_ITEM(outputs.ptr(), i);
     if (Py_REFCNT(pending) <= 1) continue;  // the region's list alone holds it: never materialized
     const ArrayType& type = array_type(py::reinterpret_borrow<py::object>(pending));
-    room[{type.shape, int(type.dtype)}]++;
-    live.append(i);
+    live.push_back(i);
+    live_type.push_back({type.shape, int(type.dtype)});
   }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs.ptr()); i++) {
-    PyObject* input = PyList_GET_ITEM(inputs.ptr(), i);
-    // an array only the region holds (one in synchronize's bookkeeping has more holders: it is
-    // not donated, which is always safe); a scalar is not worth it, and whether one is donated
-    // would vary the key by chance
-    if (Py_TYPE(input) != reinterpret_cast<PyTypeObject*>(g_rec.array_type) || Py_REFCNT(input) > 1) continue;
-    const ArrayType& type = array_type(py::reinterpret_borrow<py::object>(input));
-    if (type.shape.empty()) continue;
-    auto found = room.find({type.shape, int(type.dtype)});
-    if (found == room.end() || found->second == 0) continue;
-    found->second--;
-    donate.append(i);
+  const Py_ssize_t n_inputs = PyList_GET_SIZE(inputs.ptr());
+  std::vector<Py_ssize_t> paired_input(live.size(), -1);  // per live output: the input it writes in place
+  std::vector<bool> taken(size_t(n_inputs), false);
+  // an output that replaced an input as a storage's buffer takes that input (an in-place update)
+  for (size_t j = 0; j < live.size(); j++) {
+    PyObject* replaces = g_pending.replaces.get(PyList_GET_ITEM(outputs.ptr(), live[j]));
+    if (replaces == Py_None) continue;
+    PyObject* position = PyDict_GetItemWithError(input_index.ptr(), replaces);
+    if (!position) {
+      if (PyErr_Occurred()) throw python_error();
+      continue;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(position);
+    const ArrayType* type = k >= 0 && k < n_inputs && !taken[k] ? donatable(k) : nullptr;
+    if (!type || Type{type->shape, int(type->dtype)} != live_type[j]) continue;
+    paired_input[j] = k;
+    taken[k] = true;
   }
-  return py::make_tuple(py::tuple(live), py::tuple(donate));
+  // the other donatable inputs: any live output of the same shape and dtype left (its buffer reused)
+  std::map<Type, std::vector<size_t>> room;  // unpaired live outputs by type, in order
+  for (size_t j = live.size(); j-- > 0;)
+    if (paired_input[j] < 0) room[live_type[j]].push_back(j);
+  for (Py_ssize_t k = 0; k < n_inputs; k++) {
+    if (taken[k]) continue;
+    const ArrayType* type = donatable(k);
+    if (!type) continue;
+    auto found = room.find({type->shape, int(type->dtype)});
+    if (found == room.end() || found->second.empty()) continue;
+    paired_input[found->second.back()] = k;
+    found->second.pop_back();
+    taken[k] = true;
+  }
+  // paired outputs first, in their inputs' order, then the rest in region order: JAX gives each
+  // output the first donated input of its type left, so its pairs are these
+  std::vector<size_t> order(live.size());
+  for (size_t j = 0; j < order.size(); j++) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    Py_ssize_t ka = paired_input[a], kb = paired_input[b];
+    if ((ka < 0) != (kb < 0)) return ka >= 0;
+    return ka >= 0 && ka < kb;
+  });
+  py::tuple live_out(order.size());
+  std::vector<Py_ssize_t> donate;
+  for (size_t j = 0; j < order.size(); j++) {
+    live_out[j] = py::int_(live[order[j]]);
+    if (paired_input[order[j]] >= 0) donate.push_back(paired_input[order[j]]);
+  }
+  std::sort(donate.begin(), donate.end());
+  py::tuple donate_out(donate.size());
+  for (size_t j = 0; j < donate.size(); j++) donate_out[j] = py::int_(donate[j]);
+  return py::make_tuple(live_out, donate_out);
 }
 
 py::object strided_view(PyObject* buffer, PyObject* geometry) {
