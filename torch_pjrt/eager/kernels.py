@@ -85,9 +85,9 @@ class SignatureTraits(NamedTuple):
     checks: tuple  # (exception factory, op) per index probe (index_checks.errors_of)
     appends: bool  # the result is an append's exact result: its storage grows if appended to again
     ints: tuple  # the op's int returns, in order (from its meta kernel)
-    # a call over a padded operand (ops/growth.py): how much longer than that operand its padded
-    # result is (an append onto a KV cache: the new piece's length); None where the C++ kernel
-    # leaves such calls to the Python kernel (an exact result over padded operands, attention)
+    # a call over padded operands (ops/growth.py): how much longer than them its padded result is
+    # (an append onto a KV cache: the new piece's length; 0 for an exact result, attention over the
+    # cache); None where the C++ kernel leaves such calls to the Python kernel
     grows_by: int | None = None
 
 
