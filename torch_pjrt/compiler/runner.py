@@ -248,7 +248,8 @@ class ReduceOverhead(Exact):
 
 def _write_back(t: torch.Tensor, value) -> None:
     if t.device.type == "pjrt":
-        storage.write(t, value)
+        if not _rt.store_whole(t, value):  # the common case (a static cache, a buffer): in C++
+            storage.write(t, value)
     else:
         t.copy_(storage.from_numpy(np.asarray(value)))
 
