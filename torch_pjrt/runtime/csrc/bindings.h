@@ -68,6 +68,8 @@ struct PendingSlots {
 extern PendingSlots g_pending;  // set with g_pending_type
 
 // ---- recorder.cpp: fused eager's recorder for fast kernels' calls ----
+// o.name (an interned name), a new reference; raises the Python error as a C++ exception.
+py::object attr(PyObject* o, PyObject* name);
 // An instance of a __slots__ class with `slots` (name, value) set, made without running its
 // __init__ (no bytecode runs, so no other thread runs meanwhile).
 py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*, PyObject*>> slots);

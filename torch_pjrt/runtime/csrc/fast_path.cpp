@@ -57,11 +57,6 @@ struct EagerHelpers {
 static EagerHelpers g_eager;
 GrowthHelpers g_growth;
 
-static py::object attr(PyObject* o, PyObject* name) {
-  PyObject* v = PyObject_GetAttr(o, name);
-  if (!v) throw python_error();
-  return py::reinterpret_steal<py::object>(v);
-}
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
 
 struct IndexCheckHelpers {  // runtime/index_checks.py
@@ -605,6 +600,13 @@ class FastKernel : public c10::OperatorKernel {
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
 };
 
+// Whether a copy of `self` in `format` (clone's, _to_copy's memory_format) is row-major:
+// contiguous_format, or preserve_format (the default) of a contiguous tensor.
+static bool copies_row_major(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
+  return format && *format != c10::MemoryFormat::Preserve ? *format == c10::MemoryFormat::Contiguous
+                                                          : self.is_contiguous();
+}
+
 // aten::clone of a pjrt tensor whose copy is row-major (contiguous_format, or preserve_format of
 // a contiguous tensor): its storage's buffer when the tensor is exactly that buffer (buffers are
 // immutable, so the copy shares it until one of them is written), else its view read by
@@ -617,10 +619,7 @@ class CloneKernel : public FastKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
     auto args = torch::jit::last(*stack, 2);
     const at::Tensor& self = args[0].toTensor();
-    auto format = args[1].toOptional<c10::MemoryFormat>();
-    bool row_major = format ? *format == c10::MemoryFormat::Contiguous ||
-                                  (*format == c10::MemoryFormat::Preserve && self.is_contiguous())
-                            : self.is_contiguous();
+    bool row_major = copies_row_major(self, args[1].toOptional<c10::MemoryFormat>());
     py::gil_scoped_acquire gil;
     Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
     if (!row_major || !h) return slow(op, stack, 2);
@@ -655,10 +654,7 @@ class ToCopyKernel : public FastKernel {
     auto args = torch::jit::last(*stack, 7);
     const at::Tensor& self = args[0].toTensor();
     auto layout = args[2].toOptional<c10::Layout>();
-    auto format = args[6].toOptional<c10::MemoryFormat>();
-    bool row_major = format && *format != c10::MemoryFormat::Preserve ? *format == c10::MemoryFormat::Contiguous
-                                                                      : self.is_contiguous();
-    if (self.device().type() != kPjrt || !row_major || (layout && *layout != c10::kStrided) ||
+    if (self.device().type() != kPjrt || !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
         args[4].toOptional<bool>().value_or(false)) {
       py::gil_scoped_acquire gil;
       return slow(op, stack, 7);

@@ -49,12 +49,6 @@ bool is_value(PyObject* leaf) {  // an array or a Pending: a leaf of its own
          type == reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
 }
 
-py::object attr(PyObject* o, PyObject* name) {
-  PyObject* v = PyObject_GetAttr(o, name);
-  if (!v) throw python_error();
-  return py::reinterpret_steal<py::object>(v);
-}
-
 void set_attr(PyObject* o, PyObject* name, PyObject* value) {
   if (PyObject_SetAttr(o, name, value) < 0) throw python_error();
 }
@@ -172,6 +166,12 @@ const BoundLock& bound(PyObject* lock) {
   TORCH_CHECK(false, "pjrt: more Python locks than the recorder keeps");
 }
 }  // namespace
+
+py::object attr(PyObject* o, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(o, name);
+  if (!v) throw python_error();
+  return py::reinterpret_steal<py::object>(v);
+}
 
 PyLockGuard::PyLockGuard(PyObject* lock) : lock_(lock) {
   PyObject* r = PyObject_CallNoArgs(bound(lock_).acquire);
