@@ -368,3 +368,25 @@ def test_host_to_device_copies_own_their_data_on_every_dtype(path, monkeypatch):
             assert moved.device == torch.device(device) and moved.dtype == dtype
             assert torch.equal(moved.cpu().view(torch.uint8), before.view(torch.uint8)), (dtype, device)
             host.copy_(before)
+
+
+def test_scalar_reads_of_every_element_equal_cpu():
+    """.item() / int() of one element (transfer.local_scalar_dense): a small storage is read from a
+    host copy at the element's storage offset, a large one through the element's view, a view of
+    another dtype through its view; a computed (pending) value too. Values and Python types are
+    the CPU's for every dtype."""
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8,
+                  torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn):
+        cpu = (torch.arange(12) % 5 - 1).to(dtype).reshape(3, 4)
+        dev = cpu.to(DEV)
+        for view in (lambda t: t, lambda t: t.t(), lambda t: t[1:, 2:]):
+            c, d = view(cpu), view(dev)
+            for i in range(c.shape[0]):
+                for j in range(c.shape[1]):
+                    got, want = d[i, j].item(), c[i, j].item()
+                    assert got == want and type(got) is type(want), (dtype, i, j)
+    big = torch.randn(100, 100)
+    assert big.to(DEV)[37, 42].item() == big[37, 42].item()  # past the host-copy size: the view's read
+    floats = torch.arange(10.0)
+    assert floats.to(DEV).view(torch.int32)[3].item() == floats.view(torch.int32)[3].item()
+    assert int((torch.tensor([[3]], device=DEV) * 2 + 1)[0, 0]) == 7  # a pending value
