@@ -61,3 +61,17 @@ def test_release_drops_maps():
     executable_budget._state["due"] = True
     executable_budget.release_if_due()
     assert executable_budget.maps() < held - 200  # 200 executables held 3-10 maps each
+
+
+def test_a_cpp_kernel_call_is_a_safe_point():
+    """A process whose calls all take C++ kernels (no Python kernel, no region run) still releases
+    when over its budget: every C++ kernel's entry checks (fast_path.cpp's release_if_due)."""
+    x = torch.ones(4, device="pjrt")
+    before = executable_budget.released()
+    executable_budget._state["due"] = True
+    try:
+        y = x + 1
+    finally:
+        executable_budget._state["due"] = False
+    assert executable_budget.released() == before + 1
+    assert y.cpu().tolist() == [2.0] * 4

@@ -26,7 +26,6 @@ WARMUP = 4  # a fused region's structure compiles at its second sight; the rest 
 # op -> why its calls still enter a Python kernel
 GPT_PYTHON_KERNELS = {
     "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
-    "aten::_local_scalar_dense": "the loss read on the host (a sync point)",
 }
 DECODE_PYTHON_KERNELS = {
     "aten::_to_copy": "the token read back to the host",
@@ -97,12 +96,7 @@ def test_decode_step(mode):
 
 _PYTHON_KERNEL = "recorded by its Python kernel (above)"
 # what still goes through the Python recorder (fused.record) in fused mode, and why
-GPT_PYTHON_RECORDED = {
-    "aten::nll_loss_backward": "backward's first op reads the forward region's pending values, on the autograd "
-                               "thread: fused.record runs that region first",
-    "aten::_foreach_norm.Scalar": "clip_grad_norm_'s first op reads the gradients, pending in the autograd "
-                                  "thread's region: fused.record runs that region first",
-}
+GPT_PYTHON_RECORDED: dict = {}  # none: backward's first op runs the forward's region from C++ (recorder.cpp)
 DECODE_PYTHON_RECORDED: dict = {}  # none: every call of a steady decode step is recorded in C++
 
 

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+import torch_pjrt
+
 DEV = "pjrt"
 
 
@@ -371,10 +373,11 @@ def test_host_to_device_copies_own_their_data_on_every_dtype(path, monkeypatch):
 
 
 def test_scalar_reads_of_every_element_equal_cpu():
-    """.item() / int() of one element (transfer.local_scalar_dense): a small storage is read from a
-    host copy at the element's storage offset, a large one through the element's view, a view of
-    another dtype through its view; a computed (pending) value too. Values and Python types are
-    the CPU's for every dtype."""
+    """.item() / int() of one element: a small storage is read from a host copy at the element's
+    storage offset (the C++ kernel, fast_path.cpp's ScalarReadKernel), a large one through the
+    element's view, a view of another dtype through its view (transfer.local_scalar_dense); a
+    computed (pending) value too. Values and Python types are the CPU's for every dtype."""
+    torch_pjrt.reset_eager_stats()
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int8,
                   torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn):
         cpu = (torch.arange(12) % 5 - 1).to(dtype).reshape(3, 4)
@@ -390,3 +393,16 @@ def test_scalar_reads_of_every_element_equal_cpu():
     floats = torch.arange(10.0)
     assert floats.to(DEV).view(torch.int32)[3].item() == floats.view(torch.int32)[3].item()
     assert int((torch.tensor([[3]], device=DEV) * 2 + 1)[0, 0]) == 7  # a pending value
+    reads = torch_pjrt.eager_stats()["paths"]["aten::_local_scalar_dense"]
+    assert (reads["fast"], reads["python_kernel"]) == (10 * (12 + 12 + 4) + 1, 2), reads  # the big one, the int32 view
+
+
+def test_scalar_read_raises_an_earlier_out_of_range_index():
+    """A scalar read is a host sync: an out-of-range index of an earlier call raises there, as it
+    does on CUDA, with CPU's exception, and the next read works."""
+    table = torch.arange(12.0, device=DEV)
+    picked = table[torch.tensor([3, 20], device=DEV)]  # checked asynchronously
+    with pytest.raises(IndexError, match="out of bounds"):
+        table[0].item()
+    del picked
+    assert table[5].item() == 5.0

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import fused, index_checks as bounds, storage
+from ..runtime import executable_budget, fused, index_checks as bounds, storage
 from ..runtime.fused import Pending, Recordable
 
 from . import errors, paths, stats
@@ -637,6 +637,7 @@ def register(special: dict) -> None:
     _rt.set_index_check_helpers(bounds._lock, bounds._seen, bounds._queued, bounds._nothing_seen,
                                 bounds.raise_pending, bounds._MAX_QUEUED)
     _rt.set_growth_helpers(storage.Padded, PaddedOperand, storage.offset_operand)
+    _rt.set_executable_budget(executable_budget._state, executable_budget.release_if_due)
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)
@@ -667,6 +668,10 @@ def _install(op, kernel) -> None:
             return kernel(self, **dict(zip(keywords, rest)))
 
         _rt.register_to_copy_kernel(table.executable, table.run, python_kernel, table.call.fast_plan())
+    elif op is aten._local_scalar_dense.default and not FAST_PATH_DISABLED:  # ScalarReadKernel; large storages here
+        from .transfer import WHOLE_STORAGE_READ
+
+        _rt.register_scalar_read_kernel(kernel, WHOLE_STORAGE_READ)
     elif kinds is not None and not FAST_PATH_DISABLED:
         functional = kernel if store is None else kernel.functional
         checked = functional.checked is not None  # its calls record the checked executable, and queue its checks

@@ -96,6 +96,9 @@ class PyLockGuard {
 // outputs are ordered so that JAX's donation (each output takes the first donated input of its
 // shape and dtype, in order) makes exactly these pairs: an in-place update needs no copy.
 py::tuple region_plan(py::list outputs, py::list inputs, py::dict input_index);
+// A Pending's array, running its region first where it has not run (a sync point named `reason`,
+// "host read" when null), borrowed; nullptr where the region failed (its error was raised then).
+PyObject* pending_value(PyObject* pending, PyObject* reason = nullptr);
 // A storage's buffer replaced by `now` (a Pending) where it was `before` (an array): the
 // Pending remembers which (Pending.replaces), for region_plan.
 void note_replaced(PyObject* now, PyObject* before);
@@ -179,6 +182,11 @@ void register_clone_kernel(py::object read_view, py::object recorded_read_view, 
 // the argument `kinds` of its fast plan) for a row-major copy on the tensor's own device; `slow`
 // (transfer.to_copy, positional) serves the other calls.
 void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds);
+// aten::_local_scalar_dense's C++ kernel (ScalarReadKernel): a storage of at most `max_elements`
+// elements is read on the host; `slow` (transfer.local_scalar_dense, a Python number) serves the rest.
+void register_scalar_read_kernel(py::object slow, int64_t max_elements);
+// executable_budget.py's state dict and release_if_due: every C++ kernel's entry is a safe point.
+void set_executable_budget(py::dict state, py::object release_if_due);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
 // calls recorded in C++).
 py::dict fast_path_counts();

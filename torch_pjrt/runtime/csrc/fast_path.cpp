@@ -59,6 +59,25 @@ GrowthHelpers g_growth;
 
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
 
+// runtime/executable_budget.py: its state (a dict whose "due" says the process is over its budget)
+// and release_if_due. A C++ kernel's entry is a safe point (between calls, outside any trace), so
+// a process whose calls are all C++ still releases: the test costs a dict lookup.
+static PyObject* g_budget_state = nullptr;
+static PyObject* g_budget_release = nullptr;
+static PyObject* g_due = nullptr;  // interned "due"
+
+static void release_if_due() {
+  if (!g_budget_state) return;
+  PyObject* due = PyDict_GetItemWithError(g_budget_state, g_due);  // borrowed
+  if (due != Py_True) {
+    if (!due && PyErr_Occurred()) throw python_error();
+    return;
+  }
+  PyObject* r = PyObject_CallNoArgs(g_budget_release);
+  if (!r) throw python_error();
+  Py_DECREF(r);
+}
+
 struct IndexCheckHelpers {  // runtime/index_checks.py
   PyObject* lock = nullptr;           // _lock
   PyObject* seen = nullptr;           // _seen: device -> flag (a dict)
@@ -201,6 +220,7 @@ class FastKernel : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = kinds_.size();
     py::gil_scoped_acquire gil;
+    release_if_due();
     py::object result, traits;
     int device = -1;
     padded_ = PaddedCall();
@@ -663,6 +683,90 @@ class ToCopyKernel : public FastKernel {
   }
 };
 
+// aten::_local_scalar_dense (item(), int(t), float(t)) of a pjrt tensor over a storage of at most
+// `max_elements` elements of its own dtype (a token, a loss): the storage's array read on the
+// host (its region run first where it is pending) and the element taken there, with no executable
+// for the view. The queued index checks are raised first, as at every host sync. Other calls (a
+// large storage reads its element's view on the device, a reinterpreted dtype, lazy conj/neg
+// bits, a padded storage) go to transfer.local_scalar_dense.
+class ScalarReadKernel : public FastKernel {
+ public:
+  ScalarReadKernel(py::object slow, int64_t max_elements)
+      : FastKernel("aten::_local_scalar_dense", py::none(), py::none(), std::move(slow), py::none(), {kTensor}),
+        max_elements_(max_elements) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const at::Tensor self = stack->back().toTensor();
+    py::gil_scoped_acquire gil;
+    release_if_due();
+    Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
+    settle(h);
+    if (!h || !h->buffer || self.scalar_type() != h->dtype || self.is_conj() || self.is_neg() ||
+        c10::multiply_integers(h->shape) > max_elements_ || !(is_pending(h->buffer) || is_array(h->buffer)))
+      return slow_read(stack);
+    if (PyList_GET_SIZE(g_checks.queued)) {  // a host sync: an earlier call's out-of-range index raises here
+      PyObject* r = PyObject_CallNoArgs(g_checks.raise_pending);
+      if (!r) throw python_error();
+      Py_DECREF(r);
+    }
+    if (is_pending(h->buffer) && !pending_value(h->buffer)) return slow_read(stack);  // its region failed
+    settle(h);
+    py::object array = py::reinterpret_borrow<py::object>(h->buffer);
+    c10::Scalar value = element(array, self);
+    fast_calls_++;
+    stack->pop_back();
+    torch::jit::push(*stack, value);
+  }
+
+ private:
+  // The element at self's storage offset of `array` (the whole storage, row-major) copied to the
+  // host: through the buffer protocol where JAX offers it (CPU arrays), else a numpy copy.
+  static c10::Scalar element(const py::object& array, const at::Tensor& self) {
+    py::object host = array;
+    Py_buffer view;
+    if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
+      PyErr_Clear();  // a device array, or a dtype the buffer protocol lacks (bfloat16)
+      static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
+      PyObject* copy = PyObject_CallOneArg(asarray, array.ptr());
+      if (!copy) throw python_error();
+      host = py::reinterpret_steal<py::object>(copy);
+      if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
+    }
+    const int64_t offset = self.storage_offset() * int64_t(self.element_size());
+    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
+    TORCH_CHECK(offset + int64_t(self.element_size()) <= int64_t(view.len), "pjrt: element ", self.storage_offset(),
+                " lies outside its storage's array (", view.len, " bytes)");
+    return at::from_blob(static_cast<char*>(view.buf) + offset, {}, self.options().device(at::kCPU)).item();
+  }
+
+  static bool is_array(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(g_eager.array_type); }
+
+  // transfer.local_scalar_dense, which returns a Python number
+  void slow_read(torch::jit::Stack* stack) {
+    slow_calls_++;
+    py::object self = torch::jit::toPyObject(stack->back());
+    stack->pop_back();
+    PyObject* out = PyObject_CallOneArg(slow_, self.ptr());
+    if (!out) throw python_error();
+    py::object number = py::reinterpret_steal<py::object>(out);
+    c10::Scalar value;
+    if (PyBool_Check(out)) {
+      value = c10::Scalar(out == Py_True);
+    } else if (PyLong_Check(out)) {
+      value = c10::Scalar(int64_t(number.cast<int64_t>()));
+    } else if (PyFloat_Check(out)) {
+      value = c10::Scalar(PyFloat_AS_DOUBLE(out));
+    } else if (PyComplex_Check(out)) {
+      value = c10::Scalar(c10::complex<double>(PyComplex_RealAsDouble(out), PyComplex_ImagAsDouble(out)));
+    } else {
+      TORCH_CHECK(false, "pjrt: _local_scalar_dense's kernel returned a ", Py_TYPE(out)->tp_name, ", not a number");
+    }
+    torch::jit::push(*stack, value);
+  }
+
+  int64_t max_elements_;
+};
+
 static std::map<std::string, std::unique_ptr<torch::Library>> g_fast_libraries;  // by op namespace
 static std::vector<FastKernel*> g_fast_kernels;  // owned by their libraries' registrations
 
@@ -721,6 +825,16 @@ void register_clone_kernel(py::object read_view, py::object recorded_read_view, 
 void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds) {
   register_kernel("aten", "_to_copy", std::make_unique<ToCopyKernel>("aten::_to_copy", run, recorded, slow, py::none(),
                                                                      std::move(kinds)));
+}
+
+void register_scalar_read_kernel(py::object slow, int64_t max_elements) {
+  register_kernel("aten", "_local_scalar_dense", std::make_unique<ScalarReadKernel>(slow, max_elements));
+}
+
+void set_executable_budget(py::dict state, py::object release_if_due) {
+  g_budget_state = state.release().ptr();
+  g_budget_release = release_if_due.release().ptr();
+  g_due = PyUnicode_InternFromString("due");
 }
 
 py::dict fast_path_counts() {

@@ -36,7 +36,7 @@ struct RecorderHelpers {
   bool single_device = true;           // fused._devices_are_one(): regions keep no device
   // interned attribute names
   PyObject *calls, *structure, *inputs, *input_index, *outputs, *device, *ran, *aval, *value, *region, *slot, *shape,
-      *static_, *max_ops, *geometry, *buffer, *max_calls;
+      *static_, *max_ops, *geometry, *buffer, *max_calls, *another_thread, *host_read;
 };
 RecorderHelpers g_rec;
 bool g_ready = false;
@@ -285,6 +285,19 @@ py::object strided_view(PyObject* buffer, PyObject* geometry) {
   return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, buffer}, {g_rec.geometry, geometry}});
 }
 
+PyObject* pending_value(PyObject* pending, PyObject* reason) {
+  PyObject* value = g_pending.value.get(pending);
+  if (value != Py_None) return value;
+  PyObject* region = g_pending.region.get(pending);
+  if (region != Py_None) {
+    PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, reason ? reason : g_rec.host_read, nullptr);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+  }
+  value = g_pending.value.get(pending);
+  return value == Py_None ? nullptr : value;
+}
+
 void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
                           py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
                           py::object strided_view_type, py::object fused, bool single_device) {
@@ -294,7 +307,8 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
            array_type.release().ptr(), strided_view_type.release().ptr(), fused.release().ptr(), single_device,
            name("calls"), name("structure"), name("inputs"), name("input_index"), name("outputs"), name("device"),
            name("ran"), name("aval"), name("value"), name("region"), name("slot"), name("shape"), name("static"),
-           name("max ops"), name("_geometry"), name("buffer"), name("MAX_CALLS")};
+           name("max ops"), name("_geometry"), name("buffer"), name("MAX_CALLS"), name("another thread"),
+           name("host read")};
   g_ready = true;
 }
 
@@ -429,10 +443,15 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     PyObject* leaf = leaves_[j];
     if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type)) {
       py::object value = borrowed(g_pending.value.get(leaf));
-      if (value.is_none()) {
-        if (g_pending.region.get(leaf) != region) return nullptr;  // another thread's: record runs it first
+      if (value.is_none() && g_pending.region.get(leaf) == region) {
         operands[j] = borrowed(g_pending.slot.get(leaf));
         continue;
+      }
+      if (value.is_none()) {  // another thread's region (backward reading the forward's): it runs first
+        PyObject* ran = pending_value(leaf, g_rec.another_thread);
+        if (!ran) return nullptr;  // its region failed: fused.record raises that
+        value = borrowed(ran);
+        if (g_region.ran.get(region) == Py_True) return nullptr;  // this thread's region ran too: record anew
       }
       leaf = value.ptr();
       operands[j] = std::move(value);
