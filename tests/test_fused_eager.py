@@ -296,6 +296,59 @@ def test_a_region_compiles_when_it_comes_back(mode):
     assert how == ["first sight", "compiled", "cached", "cached"]
 
 
+def _steps(x, w, n):
+    out = []
+    for _ in range(n):
+        x = torch.tanh(x @ w) * 0.5 + x
+        out.append(x.sum().item())
+    return out
+
+
+def test_cached_regions_run_from_cpp(mode, monkeypatch):
+    """A region whose executable is cached runs from C++ (recorder.cpp's run_cached_region: its
+    key from the digest folded as calls were recorded): fused._run, the Python path, is not
+    entered, and the numbers and the bookkeeping are those of the Python path."""
+    mode("fused")
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 4, generator=gen), torch.randn(4, 4, generator=gen)
+    want = _steps(x, w, 5)
+    for _ in range(2):  # a call's first step donates nothing (the caller holds x): two regions, each compiled
+        _steps(x.to("pjrt"), w.to("pjrt"), 3)
+
+    def python_run(region, reason):
+        raise AssertionError("a cached region entered fused._run")
+
+    monkeypatch.setattr(fused, "_run", python_run)
+    torch_pjrt.reset_eager_stats()
+    got = _steps(x.to("pjrt"), w.to("pjrt"), 5)
+    assert got == pytest.approx(want, rel=1e-5)
+    stats = _fused_stats()
+    assert stats["region_cache_hits"] == stats["regions"] >= 5
+    assert [r["executable"] for r in stats["recent_regions"]][-5:] == ["cached"] * 5
+
+
+@pytest.mark.parametrize("donated", [False, True])
+def test_a_cached_executable_that_fails(mode, monkeypatch, donated):
+    """A cached region's executable that raises: without donated inputs its calls run again one by
+    one (the results stand); with donated inputs (gone) its error is raised."""
+    mode("fused")
+    x = torch.ones(8, device="pjrt")
+    for _ in range(3):  # compiled at the second sight, cached at the third
+        y = (x * 2 + 1) if not donated else x.mul_(2).add_(1)
+        y.sum().item()
+
+    def failing(*inputs):
+        raise RuntimeError("the executable failed")
+
+    for key in list(fused._executables):
+        monkeypatch.setitem(fused._executables, key, failing)
+    if donated:
+        with pytest.raises(RuntimeError, match="the executable failed"):
+            x.mul_(2).add_(1).sum().item()
+    else:
+        assert (x * 2 + 1).sum().item() == 24.0
+
+
 def test_shapes_that_change_every_region_never_compile(mode):
     mode("fused")
     torch_pjrt.reset_eager_stats()
@@ -365,7 +418,7 @@ def test_an_optimizer_step_updates_parameters_and_states_in_place(mode, monkeypa
         live, donate = fused._load_runtime().region_plan(region.outputs, region.inputs, region.input_index)
         specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.aval.weak_type) for x in region.inputs]
         regions.append(([call[0].name for call in region.calls], specs,
-                        fused._executables.get((region.device, tuple(region.structure), live, donate))))
+                        fused._executables.get((region.device, bytes(region.digest), live, donate))))
         return run(region, reason)
 
     results = {}
@@ -375,6 +428,8 @@ def test_an_optimizer_step_updates_parameters_and_states_in_place(mode, monkeypa
         for step in range(4):
             if device == "pjrt" and step == 3:
                 monkeypatch.setattr(fused, "_run", recording)
+                # cached regions run from C++ (recorder.cpp's run_cached_region): through _run here
+                monkeypatch.setattr(fused._load_runtime(), "run_cached_region", lambda region, reason: False)
             float(next(steps))
         monkeypatch.setattr(fused, "_run", run)
         results[device] = [p.detach().cpu() for p in model.parameters()]

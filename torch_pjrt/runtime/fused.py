@@ -139,11 +139,14 @@ def committed(tree, device: int):
 
 # ------------------------------------------------------------------------------ regions
 class Region:
-    __slots__ = ("calls", "structure", "inputs", "input_index", "outputs", "device", "ran")
+    __slots__ = ("calls", "structure", "digest", "inputs", "input_index", "outputs", "device", "ran")
 
     def __init__(self):
         self.calls: list = []       # (recordable, statics, treedef, refs, number of outputs)
-        self.structure: list = []   # (call id, refs) per call: with the region's liveness, its executable's key
+        self.structure: list = []   # (call id, refs) per call (the recompile log compares them)
+        # the structure folded call by call as it is recorded (runtime/csrc/recorder.cpp's digest_call):
+        # with the region's device and liveness, its executable's key
+        self.digest = bytearray(16)
         self.inputs: list = []      # arrays (and host scalars) the region reads, first use first
         self.input_index: dict = {}  # id(array) -> its position in inputs (the same buffer is one input)
         self.outputs: list = []     # every call's output leaves, in order (Pending)
@@ -258,6 +261,7 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         region.outputs.extend(outs)
         region.calls.append((rec, statics, treedef, refs, len(outs)))
         region.structure.append((call_id, refs))
+        _load_runtime().digest_call(region.digest, call_id, refs)
         if device is not None:
             region.device = device
         if len(region.calls) >= MAX_CALLS:
@@ -399,6 +403,8 @@ def _flush_locked(region: Region, reason: str) -> None:
     if region.ran or not region.calls:
         return
     release_if_due()
+    if _load_runtime().run_cached_region(region, reason):  # a cached executable: run from C++
+        return
     region.ran = True
     _open.discard(region)
     try:
@@ -418,7 +424,7 @@ def _run(region: Region, reason: str) -> None:
     inputs = region.inputs
     # the outputs someone holds (the rest are never materialized), the inputs XLA may write in place
     live, donate = _load_runtime().region_plan(region.outputs, inputs, region.input_index)
-    key = (region.device, tuple(region.structure), live, donate)
+    key = (region.device, bytes(region.digest), live, donate)
     run = _executables.get(key)
     if run is not None:
         how = "cached"
@@ -439,12 +445,18 @@ def _run(region: Region, reason: str) -> None:
     try:
         with _on(region.device):
             results = run(*inputs)
-    except Exception:  # noqa: BLE001  (run call by call: the failing call raises, naming its op)
-        if donate:
-            raise
-        _run_call_by_call(region, live)
+    except Exception as e:  # noqa: BLE001
+        _after_failed_run(region, live, donate, e)
         return
     _materialize(region, live, results)
+
+
+def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
+    """A region's executable raised `error`: run its calls one by one, so the failing call raises
+    naming its op; where inputs were donated they are gone, so `error` is raised as it is."""
+    if donate:
+        raise error
+    _run_call_by_call(region, live)
 
 
 def _materialize(region: Region, live: tuple, values) -> None:

@@ -96,6 +96,18 @@ class PyLockGuard {
 // outputs are ordered so that JAX's donation (each output takes the first donated input of its
 // shape and dtype, in order) makes exactly these pairs: an in-place update needs no copy.
 py::tuple region_plan(py::list outputs, py::list inputs, py::dict input_index);
+// Fold a recorded call (its call id, its operands' refs: a tuple of ints) into its region's digest
+// (Region.digest, a 16-byte bytearray), as both recorders record it.
+void digest_call(PyObject* digest, int64_t call_id, PyObject* refs);
+// Run `region` (fused.Region) if its executable is cached, from C++: fused._run's steady path
+// (the plan, the executable by its key, the call, the outputs bound, the bookkeeping). False, and
+// nothing done, for anything else (a first sight, a compile, another device): fused._run's.
+// The caller holds fused._lock.
+bool run_cached_region(PyObject* region, PyObject* reason);
+// End `region` at a sync point named `reason`: run_cached_region, else fused.end_region.
+void end_region(PyObject* region, PyObject* reason);
+// An executable-budget safe point (fast_path.cpp): release JAX's executables if due.
+void budget_safe_point();
 // A Pending's array, running its region first where it has not run (a sync point named `reason`,
 // "host read" when null), borrowed; nullptr where the region failed (its error was raised then).
 PyObject* pending_value(PyObject* pending, PyObject* reason = nullptr);
@@ -137,6 +149,7 @@ class CallRecorder {
  private:
   struct Signature {
     py::object call_id, treedef, statics, out_treedef;
+    int64_t call_number = 0;  // call_id's value (the region's digest folds it)
     std::vector<py::object> out_avals;
     std::vector<py::object> held;  // the operand avals whose addresses the key holds
     std::vector<bool> scalar;      // per operand: a 0-d array (an input of its own)

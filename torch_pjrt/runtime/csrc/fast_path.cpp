@@ -66,7 +66,7 @@ static PyObject* g_budget_state = nullptr;
 static PyObject* g_budget_release = nullptr;
 static PyObject* g_due = nullptr;  // interned "due"
 
-static void release_if_due() {
+void budget_safe_point() {
   if (!g_budget_state) return;
   PyObject* due = PyDict_GetItemWithError(g_budget_state, g_due);  // borrowed
   if (due != Py_True) {
@@ -220,7 +220,7 @@ class FastKernel : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = kinds_.size();
     py::gil_scoped_acquire gil;
-    release_if_due();
+    budget_safe_point();
     py::object result, traits;
     int device = -1;
     padded_ = PaddedCall();
@@ -698,7 +698,7 @@ class ScalarReadKernel : public FastKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const at::Tensor self = stack->back().toTensor();
     py::gil_scoped_acquire gil;
-    release_if_due();
+    budget_safe_point();
     Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
     settle(h);
     if (!h || !h->buffer || self.scalar_type() != h->dtype || self.is_conj() || self.is_neg() ||

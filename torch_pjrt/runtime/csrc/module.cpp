@@ -248,6 +248,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_path_counts", &tp::fast_path_counts);
   m.def("set_recorder_helpers", &tp::set_recorder_helpers);
   m.def("region_plan", &tp::region_plan);
+  m.def("run_cached_region", [](py::object region, py::object reason) { return tp::run_cached_region(region.ptr(), reason.ptr()); });
+  m.def("digest_call", [](py::object digest, int64_t call_id, py::tuple refs) { tp::digest_call(digest.ptr(), call_id, refs.ptr()); });
   m.def("reset_fast_path_counts", &tp::reset_fast_path_counts);
   // a Python number the arg parser wrapped into a CPU tensor: promotes as a Scalar
   m.def("is_wrapped_number", [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); });

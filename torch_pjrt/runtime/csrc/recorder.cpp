@@ -54,7 +54,7 @@ void set_attr(PyObject* o, PyObject* name, PyObject* value) {
 }
 
 struct RegionSlots {  // fused.Region's
-  Slot calls, structure, inputs, input_index, outputs, device, ran;
+  Slot calls, structure, inputs, input_index, outputs, device, ran, digest;
 };
 RegionSlots g_region;
 PyObject* g_region_type = nullptr;
@@ -69,7 +69,7 @@ PyObject* current_region() {
   if (type != g_region_type) {  // the first region: where its slots lie
     g_region = {Slot::of(type, "calls"), Slot::of(type, "structure"), Slot::of(type, "inputs"),
                 Slot::of(type, "input_index"), Slot::of(type, "outputs"), Slot::of(type, "device"),
-                Slot::of(type, "ran")};
+                Slot::of(type, "ran"), Slot::of(type, "digest")};
     g_region_type = type;
   }
   return t_region;
@@ -285,15 +285,156 @@ py::object strided_view(PyObject* buffer, PyObject* geometry) {
   return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, buffer}, {g_rec.geometry, geometry}});
 }
 
+// A region's digest: 16 bytes (a bytearray, Region.digest) folded over each recorded call's
+// (call id, refs) as it is recorded, by both recorders. With the region's device, live outputs and
+// donations it keys the region's executable (fused._executables): a sync point finds it without
+// walking the region's structure. Two 64-bit lanes with independent mixing: a collision of two
+// structures would take ~2^64 regions.
+namespace {
+inline uint64_t mix64(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+inline void fold(uint64_t* lanes, uint64_t word) {
+  lanes[0] = mix64(lanes[0] ^ word) + 0x9e3779b97f4a7c15ULL;
+  lanes[1] = (lanes[1] ^ mix64(word + 0x632be59bd9b4e019ULL)) * 0xff51afd7ed558ccdULL + (lanes[1] >> 33);
+}
+}  // namespace
+
+void digest_call(PyObject* digest, int64_t call_id, PyObject* refs) {
+  if (!PyByteArray_CheckExact(digest) || PyByteArray_GET_SIZE(digest) != 16)
+    throw std::runtime_error("pjrt: a fused region's digest is not 16 bytes");
+  uint64_t lanes[2];
+  std::memcpy(lanes, PyByteArray_AS_STRING(digest), 16);
+  const Py_ssize_t n = PyTuple_GET_SIZE(refs);
+  fold(lanes, uint64_t(call_id));
+  fold(lanes, uint64_t(n));
+  for (Py_ssize_t i = 0; i < n; i++) fold(lanes, uint64_t(PyLong_AsLongLong(PyTuple_GET_ITEM(refs, i))));
+  if (PyErr_Occurred()) throw python_error();
+  std::memcpy(PyByteArray_AS_STRING(digest), lanes, 16);
+}
+
+namespace {
+struct RunHelpers {  // fused's bookkeeping of runs, looked up once
+  PyObject *executables, *stats, *ended_by, *recent, *open, *failed_run;
+  PyObject *move_to_end, *append, *discard;
+  PyObject *regions, *ops, *cache_hits, *k_ops, *k_ended_by, *k_executable, *k_outputs, *k_materialized, *cached;
+};
+RunHelpers* g_run = nullptr;
+
+void count(PyObject* counter, PyObject* key, Py_ssize_t n) {
+  PyObject* now = PyDict_GetItemWithError(counter, key);
+  if (!now && PyErr_Occurred()) throw python_error();
+  py::object value = py::reinterpret_steal<py::object>(PyLong_FromSsize_t((now ? PyLong_AsSsize_t(now) : 0) + n));
+  if (PyDict_SetItem(counter, key, value.ptr()) < 0) throw python_error();
+}
+
+void call_method(PyObject* o, PyObject* name, PyObject* arg) {
+  PyObject* r = PyObject_CallMethodOneArg(o, name, arg);
+  if (!r) throw python_error();
+  Py_DECREF(r);
+}
+}  // namespace
+
+void end_region(PyObject* region, PyObject* reason) {
+  {
+    PyLockGuard lock(g_rec.lock);
+    budget_safe_point();
+    if (run_cached_region(region, reason)) return;
+  }
+  PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, reason, nullptr);
+  if (!r) throw python_error();
+  Py_DECREF(r);
+}
+
+bool run_cached_region(PyObject* region, PyObject* reason) {
+  if (!g_ready || !g_region_type || Py_TYPE(region) != reinterpret_cast<PyTypeObject*>(g_region_type)) return false;
+  PyObject* device = g_region.device.get(region);
+  if (g_region.ran.get(region) == Py_True || (device != Py_None && PyLong_AsLong(device) != 0)) return false;
+  if (!g_run) {
+    auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
+    auto of_fused = [](const char* s) { return attr(g_rec.fused, py::str(s).ptr()).release().ptr(); };
+    g_run = new RunHelpers{of_fused("_executables"), of_fused("_stats"), of_fused("_ended_by"),
+                           of_fused("_recent_regions"), g_rec.open_regions, of_fused("_after_failed_run"),
+                           name("move_to_end"), name("append"), name("discard"),
+                           name("regions"), name("ops"), name("cache_hits"), name("ops"), name("ended_by"),
+                           name("executable"), name("outputs"), name("materialized"), name("cached")};
+  }
+  PyObject* outputs = g_region.outputs.get(region);
+  PyObject* inputs = g_region.inputs.get(region);
+  py::tuple plan = region_plan(py::reinterpret_borrow<py::list>(outputs), py::reinterpret_borrow<py::list>(inputs),
+                               py::reinterpret_borrow<py::dict>(g_region.input_index.get(region)));
+  PyObject* live = PyTuple_GET_ITEM(plan.ptr(), 0);
+  PyObject* donate = PyTuple_GET_ITEM(plan.ptr(), 1);
+  PyObject* digest = g_region.digest.get(region);
+  py::object key = py::make_tuple(py::handle(device),
+                                  py::reinterpret_steal<py::object>(PyBytes_FromObject(digest)),
+                                  py::handle(live), py::handle(donate));
+  PyObject* run = PyDict_GetItemWithError(g_run->executables, key.ptr());  // borrowed
+  if (!run) {
+    if (PyErr_Occurred()) throw python_error();
+    return false;  // first sight, a compile, a region run call by call: fused._run
+  }
+  py::object executable = py::reinterpret_borrow<py::object>(run);
+  g_region.ran.set(region, Py_True);
+  call_method(g_run->open, g_run->discard, region);
+  const Py_ssize_t n_calls = PyList_GET_SIZE(g_region.calls.get(region));
+  count(g_run->ended_by, reason, 1);
+  count(g_run->stats, g_run->regions, 1);
+  count(g_run->stats, g_run->ops, n_calls);
+  count(g_run->stats, g_run->cache_hits, 1);
+  call_method(g_run->executables, g_run->move_to_end, key.ptr());
+  py::dict note;
+  note[py::handle(g_run->k_ops)] = py::int_(n_calls);
+  note[py::handle(g_run->k_ended_by)] = py::handle(reason);
+  note[py::handle(g_run->k_executable)] = py::handle(g_run->cached);
+  note[py::handle(g_run->k_outputs)] = py::int_(PyList_GET_SIZE(outputs));
+  note[py::handle(g_run->k_materialized)] = py::int_(PyTuple_GET_SIZE(live));
+  call_method(g_run->recent, g_run->append, note.ptr());
+  // the region's outputs and inputs go once it ran, whatever happens (Pending.region <-> region.outputs is a cycle)
+  struct Release {
+    PyObject *outputs, *inputs, *index;
+    ~Release() {
+      PyObject *type, *value, *trace;
+      PyErr_Fetch(&type, &value, &trace);
+      for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) g_pending.region.set(PyList_GET_ITEM(outputs, i), Py_None);
+      PyList_SetSlice(outputs, 0, PyList_GET_SIZE(outputs), nullptr);
+      PyList_SetSlice(inputs, 0, PyList_GET_SIZE(inputs), nullptr);
+      PyDict_Clear(index);
+      PyErr_Restore(type, value, trace);
+    }
+  } release{outputs, inputs, g_region.input_index.get(region)};
+  PyObject* results = PyObject_Vectorcall(executable.ptr(), PySequence_Fast_ITEMS(inputs), PyList_GET_SIZE(inputs),
+                                          nullptr);
+  if (!results) {  // fused._after_failed_run: raise it (donated inputs are gone) or run the calls one by one
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    if (trace) PyException_SetTraceback(value, trace);
+    py::object error = py::reinterpret_steal<py::object>(value);
+    Py_XDECREF(type);
+    Py_XDECREF(trace);
+    PyObject* r = PyObject_CallFunctionObjArgs(g_run->failed_run, region, live, donate, error.ptr(), nullptr);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+    return true;
+  }
+  py::object values = py::reinterpret_steal<py::object>(results);
+  py::object items = py::reinterpret_steal<py::object>(PySequence_Fast(values.ptr(), "a region's results"));
+  if (!items) throw python_error();
+  for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(live); j++)
+    g_pending.value.set(PyList_GET_ITEM(outputs, PyLong_AsSsize_t(PyTuple_GET_ITEM(live, j))),
+                        PySequence_Fast_GET_ITEM(items.ptr(), j));
+  return true;
+}
+
 PyObject* pending_value(PyObject* pending, PyObject* reason) {
   PyObject* value = g_pending.value.get(pending);
   if (value != Py_None) return value;
-  PyObject* region = g_pending.region.get(pending);
-  if (region != Py_None) {
-    PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, reason ? reason : g_rec.host_read, nullptr);
-    if (!r) throw python_error();
-    Py_DECREF(r);
-  }
+  py::object region = borrowed(g_pending.region.get(pending));
+  if (!region.is_none()) end_region(region.ptr(), reason ? reason : g_rec.host_read);
   value = g_pending.value.get(pending);
   return value == Py_None ? nullptr : value;
 }
@@ -404,6 +545,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     if (signatures_.size() > 4096) signatures_.clear();
     Signature s;
     s.call_id = signature[py::int_(0)];
+    s.call_number = s.call_id.cast<int64_t>();
     s.treedef = signature[py::int_(1)];
     s.statics = signature[py::int_(2)];
     s.out_treedef = signature[py::int_(3)];
@@ -503,13 +645,12 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   py::tuple entry = py::make_tuple(s.call_id, refs);
   py::object structure = borrowed(g_region.structure.get(region));
   if (PyList_Append(structure.ptr(), entry.ptr()) < 0) throw python_error();
+  digest_call(g_region.digest.get(region), s.call_number, refs.ptr());
   if (!g_rec.single_device) g_region.device.set(region, py::int_(device).ptr());
   recorded++;
   py::object result = s.out_treedef.is_none() ? py::object(outs[0]) : s.out_treedef.attr("unflatten")(outs);
   if (recorded_calls + 1 >= attr(g_rec.fused, g_rec.max_calls).cast<Py_ssize_t>()) {
-    PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, g_rec.max_ops, nullptr);
-    if (!r) throw python_error();
-    Py_DECREF(r);
+    end_region(region, g_rec.max_ops);
   }
   return result.release().ptr();
 }
