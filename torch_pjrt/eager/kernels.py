@@ -635,7 +635,7 @@ def register(special: dict) -> None:
     _rt.set_recorder_helpers(fused.current_region, fused.call_signature, fused.end_region, fused._lock, fused._open,
                              Pending, _ARRAY, storage.StridedView, fused, fused._devices_are_one())
     _rt.set_index_check_helpers(bounds._lock, bounds._seen, bounds._queued, bounds._nothing_seen,
-                                bounds.raise_pending, bounds._MAX_QUEUED)
+                                bounds.raise_pending, bounds.raise_if_found, bounds._MAX_QUEUED)
     _rt.set_growth_helpers(storage.Padded, PaddedOperand, storage.offset_operand)
     _rt.set_executable_budget(executable_budget._state, executable_budget.release_if_due)
     _rt.set_fused(fused.enabled)

@@ -135,6 +135,13 @@ def raise_pending() -> None:
         seen, queued = list(_seen.values()), _queued[:]
         _seen.clear()
         _queued.clear()
+    raise_if_found(seen, queued)
+
+
+def raise_if_found(seen: list, queued: list) -> None:
+    """Raise for the first of `queued` (checks taken off the queue) that found an out-of-range
+    index, if any device's `seen` flag says one did. (The C++ scalar read reads the flags itself and
+    calls this only when one is set, or is a flag it cannot read.)"""
     if any(jax.device_get(fused.concrete(seen))):
         _raise_first(queued)
 

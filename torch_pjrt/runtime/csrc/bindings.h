@@ -179,7 +179,7 @@ void set_eager_helpers(py::object weak_scalar, py::object read_lazily, py::objec
 // index_checks.py's queue, seen flags, their lock, _nothing_seen, raise_pending and the queue's bound:
 // a checked fast kernel (an indexing op) queues its call's checks as index_checks.run_checked does.
 void set_index_check_helpers(py::object lock, py::dict seen, py::list queued, py::object nothing_seen,
-                             py::object raise_pending, Py_ssize_t max_queued);
+                             py::object raise_pending, py::object raise_if_found, Py_ssize_t max_queued);
 void set_fused(bool fused);  // fast kernels record (fused.Recordable) instead of running their executable
 // Self's storage takes `result` (an array or a Pending) as its buffer when it is exactly self's
 // new value (self is its whole storage, same shape and dtype); false, and nothing done, otherwise.

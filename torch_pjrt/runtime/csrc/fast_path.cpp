@@ -84,9 +84,51 @@ struct IndexCheckHelpers {  // runtime/index_checks.py
   PyObject* queued = nullptr;         // _queued (a list)
   PyObject* nothing_seen = nullptr;   // _nothing_seen(device)
   PyObject* raise_pending = nullptr;  // raise_pending()
+  PyObject* raise_if_found = nullptr;  // raise_if_found(seen, queued)
   Py_ssize_t max_queued = 0;
 };
 static IndexCheckHelpers g_checks;
+
+// A bool flag's value read on the host through the buffer protocol (a CPU array); -1 where it
+// cannot be read so (a device array: the caller asks Python).
+static int host_flag(PyObject* array) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    PyErr_Clear();
+    return -1;
+  }
+  int flag = view.format && std::strcmp(view.format, "?") == 0 && view.len == 1
+                 ? *static_cast<const char*>(view.buf) != 0 : -1;
+  PyBuffer_Release(&view);
+  return flag;
+}
+
+// index_checks.raise_pending in C++ for a host sync of a C++ kernel: the queued checks are taken
+// off the queue and each device's seen flag read here (its region run first); Python
+// (index_checks.raise_if_found) only where a flag is set, to raise the first finding, or cannot
+// be read here.
+static void raise_pending_index_checks() {
+  if (!PyList_GET_SIZE(g_checks.queued)) return;  // the common case
+  py::object seen, queued;
+  {
+    PyLockGuard lock(g_checks.lock);
+    seen = py::reinterpret_steal<py::object>(PyDict_Values(g_checks.seen));
+    queued = py::reinterpret_steal<py::object>(PyList_GetSlice(g_checks.queued, 0, PyList_GET_SIZE(g_checks.queued)));
+    if (!seen || !queued) throw python_error();
+    PyDict_Clear(g_checks.seen);
+    if (PyList_SetSlice(g_checks.queued, 0, PyList_GET_SIZE(g_checks.queued), nullptr) < 0) throw python_error();
+  }
+  bool ask_python = false;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seen.ptr()) && !ask_python; i++) {
+    PyObject* flag = PyList_GET_ITEM(seen.ptr(), i);
+    if (is_pending(flag)) flag = pending_value(flag);
+    ask_python = !flag || host_flag(flag) != 0;
+  }
+  if (!ask_python) return;
+  PyObject* r = PyObject_CallFunctionObjArgs(g_checks.raise_if_found, seen.ptr(), queued.ptr(), nullptr);
+  if (!r) throw python_error();
+  Py_DECREF(r);
+}
 
 // TORCH_PJRT_SYNC_INDEX_CHECKS (index_checks.synchronous), read per call as Python reads it
 static bool synchronous_index_checks() {
@@ -704,11 +746,7 @@ class ScalarReadKernel : public FastKernel {
     if (!h || !h->buffer || self.scalar_type() != h->dtype || self.is_conj() || self.is_neg() ||
         c10::multiply_integers(h->shape) > max_elements_ || !(is_pending(h->buffer) || is_array(h->buffer)))
       return slow_read(stack);
-    if (PyList_GET_SIZE(g_checks.queued)) {  // a host sync: an earlier call's out-of-range index raises here
-      PyObject* r = PyObject_CallNoArgs(g_checks.raise_pending);
-      if (!r) throw python_error();
-      Py_DECREF(r);
-    }
+    raise_pending_index_checks();  // a host sync: an earlier call's out-of-range index raises here
     if (is_pending(h->buffer) && !pending_value(h->buffer)) return slow_read(stack);  // its region failed
     settle(h);
     py::object array = py::reinterpret_borrow<py::object>(h->buffer);
@@ -793,9 +831,9 @@ void set_growth_helpers(py::object padded_type, py::object padded_operand_type, 
 }
 
 void set_index_check_helpers(py::object lock, py::dict seen, py::list queued, py::object nothing_seen,
-                             py::object raise_pending, Py_ssize_t max_queued) {
+                             py::object raise_pending, py::object raise_if_found, Py_ssize_t max_queued) {
   g_checks = {lock.release().ptr(), seen.release().ptr(), queued.release().ptr(), nothing_seen.release().ptr(),
-              raise_pending.release().ptr(), max_queued};
+              raise_pending.release().ptr(), raise_if_found.release().ptr(), max_queued};
 }
 
 // Register `kernel` as the PrivateUse1 kernel of `ns`::`name` (e.g. "aten", "add.Tensor").
