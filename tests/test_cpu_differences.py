@@ -519,3 +519,56 @@ def _foreach_sharing(d):
 
 def test_foreach_in_place_over_tensors_sharing_memory():
     _same_as_cpu(_foreach_sharing)
+
+
+# --------------------------------------------------------------------------- advanced indexing checks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int16, torch.int8])
+@pytest.mark.parametrize("op", ["getitem", "setitem", "index_put"])
+def test_index_tensors_of_other_dtypes_raise(dtype, op):
+    # pjrt indexed with a float index's truncation (x[tensor([0.5])] gave x[0]), CPU raises IndexError
+    def call(d):
+        x, i = torch.arange(4, device=d), torch.tensor([1, 0], device=d).to(dtype)
+        if op == "getitem":
+            return x[i]
+        if op == "setitem":
+            x[i] = 7
+            return x
+        return torch.index_put(x, (i,), torch.tensor(7, device=d))
+
+    assert_raises_like_cpu(call, f"{op} {dtype}")
+
+
+_MASKED_WRITES = {  # values that do not broadcast to the masked selection (pjrt wrote them anyway)
+    "empty_values": lambda d: (torch.arange(4, device=d), [True] * 4, torch.tensor([], dtype=torch.int64)),
+    "too_many": lambda d: (torch.arange(4, device=d), [True] * 4, torch.tensor([1, 2, 3])),
+    "too_few_selected": lambda d: (torch.arange(4, device=d), [True, False, False, False], torch.tensor([1, 2, 3])),
+    "none_selected": lambda d: (torch.arange(4.0, device=d), [False] * 4, torch.tensor([1.0, 2.0])),
+    "inner_dim": lambda d: (torch.zeros(2, 3, device=d), (slice(None), [True, False, True]), torch.ones(2, 3)),
+    "inner_dim_1d": lambda d: (torch.zeros(2, 3, device=d), (slice(None), [True, False, True]), torch.ones(3)),
+}
+
+
+def _masked_write(case, d):
+    x, where, values = _MASKED_WRITES[case](d)
+    if isinstance(where, tuple):
+        key = (where[0], torch.tensor(where[1], device=d))
+    else:
+        key = torch.tensor(where, device=d) & (x > -1)  # a computed mask
+    x[key] = values.to(d)
+    return x
+
+
+@pytest.mark.parametrize("case", sorted(_MASKED_WRITES))
+def test_masked_write_of_values_that_do_not_broadcast_raises(case):
+    assert_raises_like_cpu(lambda d: _masked_write(case, d), case)
+
+
+@pytest.mark.parametrize("values", [torch.tensor([5.0, 6.0]), torch.tensor(5.0), torch.tensor([[5.0]]),
+                                    torch.tensor([[5.0], [6.0]])])
+def test_masked_writes_that_broadcast_equal_cpu(values):
+    def call(d):
+        x = torch.arange(8.0, device=d).view(2, 4)
+        x[:, torch.tensor([False, True, False, True], device=d)] = values.to(d)
+        return x
+
+    _same_as_cpu(call)

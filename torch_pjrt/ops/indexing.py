@@ -82,6 +82,14 @@ _PACKAGES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
              os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
+def check_index_dtypes(indices) -> None:
+    """CPU's IndexError for an index tensor of another dtype than int64, int32, uint8 or bool
+    (XLA would index with a float's truncation, or an int16's value)."""
+    for i in indices:
+        if i is not None and i.dtype not in (jnp.int64, jnp.int32, jnp.uint8, jnp.bool_):
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+
+
 def _warn_uint8_masks(indices) -> None:
     """CPU's deprecation warning, once per uint8 index tensor of the call (as expandTensors
     warns), attributed to the caller's line outside torch and torch_pjrt as a C++ warning is.
@@ -173,6 +181,7 @@ def _index_ints(self, indices):
 @lowering(aten._unsafe_index.Tensor, jit=False, jit_for_integer_indices=True)
 def index(self, indices):
     indices = list(indices)
+    check_index_dtypes(indices)
     if any(_is_mask(i) for i in indices):
         _warn_uint8_masks(indices)
         check_mask_shapes(self, indices)
@@ -207,6 +216,24 @@ def _index_put_jit(self, indices, values, accumulate):
     return _index_put_ints(self, indices, values, accumulate)
 
 
+def check_mask_values(self, mask, where: int, values) -> None:
+    """CPU's error for values that do not broadcast to self[(:,)*where + mask]'s shape. The
+    selection's length along the mask's dims is the mask's count: read (a host sync, as CPU's and
+    CUDA's nonzero are) only when values has a dim there other than 1."""
+    selected = self.shape[:where] + (None,) + self.shape[where + mask.ndim:]
+    at = values.ndim - (len(selected) - where)  # values' dim aligned with the selection's
+    if values.ndim <= len(selected) and (at < 0 or values.shape[at] == 1) and all(
+            v in (1, n) for v, n in zip(values.shape[::-1], selected[::-1]) if n is not None):
+        return
+    if isinstance(mask, jax.core.Tracer):
+        return  # compiled graphs do not check (as for index bounds)
+    count = int(jnp.count_nonzero(mask))
+    result = [count if n is None else n for n in selected]
+    if values.ndim > len(result) or not all(v in (1, n) for v, n in zip(values.shape[::-1], result[::-1])):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                           f"indexing result of shape {result}")
+
+
 @functools.partial(jax.jit, static_argnums=(2, 4))
 def _index_put_mask(self, mask, where, values, accumulate):
     """self[(:,)*where + mask] = values without a data-dependent shape.
@@ -236,6 +263,7 @@ def _index_put_mask(self, mask, where, values, accumulate):
 @lowering(aten._unsafe_index_put.default, jit=False, jit_for_integer_indices=True)
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices)
+    check_index_dtypes(indices)
     masks = [d for d, i in enumerate(indices) if _is_mask(i)]
     if masks:
         given = [i for i in indices if i is not None]
@@ -247,6 +275,7 @@ def index_put(self, indices, values, accumulate=False):
         only = masks[0]
         if len(masks) == 1 and indices[only].ndim > 0 and all(i is None for i in indices[:only]) \
                 and all(i is None for i in indices[only + 1:]):
+            check_mask_values(self, indices[only], only, values)
             return _index_put_mask(self, indices[only].astype(jnp.bool_), only, values, accumulate)
         indices = expand_masks(self, indices)  # mixed masks and integer indices: concrete nonzero
     return _index_put_jit(self, indices, values, accumulate)
