@@ -572,3 +572,15 @@ def test_masked_writes_that_broadcast_equal_cpu(values):
         return x
 
     _same_as_cpu(call)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.complex64, torch.int16, torch.bool])
+def test_empty_in_deterministic_mode_reads_as_on_cpu(dtype):
+    # deterministic mode fills fresh memory with NaN / the largest integer; bfloat16's fill failed
+    # ("Invalid integer data type 'V'") where CPU gives NaN
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _same_as_cpu(lambda d: torch.empty(3, 2, dtype=dtype, device=d))
+    finally:
+        torch.use_deterministic_algorithms(before)

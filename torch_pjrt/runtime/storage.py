@@ -441,7 +441,7 @@ def _uninitialized(dtype):
     if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
         return 0
     dtype = np.dtype(dtype)
-    if dtype.kind in "fc":
+    if jnp.issubdtype(dtype, jnp.inexact):  # bfloat16 and the float8s too (numpy's kind 'V')
         return _NAN
     if dtype == np.bool_:
         return True
