@@ -1,6 +1,7 @@
 """torch_pjrt/tools/pytorch_tests.py (PyTorch's device-generic test files on pjrt and CPU) on a
 small device-generic file written here: outcomes paired across devices, a crash recorded and
-the run resumed after it, a decorator's device restriction kept out of the rate."""
+the run resumed after it, a decorator's device restriction (or a dtype instantiated only for the CPU) kept out of the rate, an
+index error pjrt queues failing the test that queued it."""
 import json
 import textwrap
 
@@ -9,7 +10,7 @@ from torch_pjrt.tools import pytorch_tests
 TINY = '''
 import os
 import torch
-from torch.testing._internal.common_device_type import instantiate_device_type_tests, onlyCPU
+from torch.testing._internal.common_device_type import dtypes, dtypesIfCPU, instantiate_device_type_tests, onlyCPU
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 
@@ -24,12 +25,23 @@ class TestTiny(TestCase):
         if torch.device(device).type != "cpu":
             os._exit(3)
 
+    def test_leaves_an_index_error_queued(self, device):
+        try:
+            torch.zeros(3, device=device)[torch.tensor([5], device=device)]
+        except IndexError:
+            pass  # the CPU raises here; pjrt queues the check (as CUDA queues its device asserts)
+
     def test_runs_after_the_crash(self, device):
         self.assertEqual(torch.zeros(3, device=device).sum().item(), 0)
 
     @onlyCPU
     def test_only_cpu(self, device):
         pass
+
+    @dtypesIfCPU(torch.float32, torch.float64)
+    @dtypes(torch.float32)
+    def test_dtypes(self, device, dtype):
+        self.assertEqual(torch.ones(1, device=device, dtype=dtype).dtype, dtype)
 
 
 instantiate_device_type_tests(TestTiny, globals())
@@ -45,9 +57,12 @@ def test_pairs_outcomes_and_survives_a_crash(tmp_path):
     pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_tiny", "--timeout", "120",
                         "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "out.md")])
     result = json.loads((tmp_path / "out.json").read_text())["results"]["test_tiny"]
-    assert result["cpu_passing"] == 4  # test_only_cpu is restricted to the CPU by its decorator
-    assert result["device_restricted"] == 1
-    assert result["pjrt_passing"] == 2  # test_add and the test after the crash
-    assert sorted(k.split("::")[-1] for k in result["failures"]) == ["test_crashes_on_pjrt", "test_fails_on_pjrt"]
+    # test_only_cpu and test_dtypes_float64 are restricted to the CPU by their decorators
+    assert result["cpu_passing"] == 6
+    assert result["device_restricted"] == 2
+    assert result["pjrt_passing"] == 3  # test_add, the test after the crash (not failed by the queued error), float32
+    assert sorted(k.split("::")[-1] for k in result["failures"]) == [
+        "test_crashes_on_pjrt", "test_fails_on_pjrt", "test_leaves_an_index_error_queued"]
+    assert "IndexError" in result["failures"][next(k for k in result["failures"] if "queued" in k)]["message"]
     assert [k.split("::")[-1] for k in result["crashes"]] == ["test_crashes_on_pjrt"]
-    assert "| test_tiny | 4 | 2 | 50.0% | 1 | 1 | 0 |" in (tmp_path / "out.md").read_text()
+    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 0 |" in (tmp_path / "out.md").read_text()

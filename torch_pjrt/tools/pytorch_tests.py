@@ -60,6 +60,20 @@ def _alarm(signum, frame):
     raise _Timeout(f"timed out after {_TIMEOUT} s")
 
 
+def pytest_collection_finish(session):
+    _write({"collected": [item.nodeid for item in session.items]})
+
+
+@pytest.fixture(autouse=True)
+def _queued_errors_fail_their_test():
+    """pjrt queues its index checks as CUDA queues device asserts: a sync after each test raises
+    what the test left queued in its own teardown, not in a later test's body."""
+    yield
+    if os.environ.get("PYTORCH_TESTING_DEVICE_ONLY_FOR") == "pjrt":
+        import torch
+        torch.pjrt.synchronize()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _write({"started": item.nodeid})  # a crash or a kill leaves this as the last line
@@ -102,12 +116,16 @@ def _copy_tests(pytorch: Path, commit: str | None, files: list[str], scratch: Pa
 
 
 def _records(log: Path) -> tuple[dict, str | None]:
-    """Outcomes by test id from the plugin's log, and the test that started last without an outcome."""
-    results, last = {}, None
+    """Outcomes by test id from the plugin's log, and the test that started last without an outcome.
+    The tests each run collected are recorded under the id "collected" (a set of test ids)."""
+    results, last = {"collected": set()}, None
     if not log.exists():
         return results, None
     for line in log.read_text().splitlines():
         record = json.loads(line)
+        if "collected" in record:
+            results["collected"].update(record["collected"])
+            continue
         if "started" in record:
             last = record["started"]
             continue
@@ -127,10 +145,10 @@ def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
     log.unlink(missing_ok=True)
     environment = {**os.environ, "PYTORCH_TESTING_DEVICE_ONLY_FOR": device, "PJRT_TESTS_LOG": str(log),
                    "PJRT_TESTS_TIMEOUT": str(timeout)}
-    done: dict = {}
+    done: dict = {"collected": set()}
     deadline = time.monotonic() + budget
     while True:
-        deselect = [arg for test in done for arg in ("--deselect", test)]
+        deselect = [arg for test in done if test != "collected" for arg in ("--deselect", test)]
         command = [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", *deselect,
                    *(("-k", select) if select else ())]
         try:
@@ -139,7 +157,9 @@ def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
         except subprocess.TimeoutExpired:
             status = "killed"
         results, last = _records(log)
+        collected = done["collected"] | results.pop("collected")
         done.update(results)
+        done["collected"] = collected
         if last is None or last in done:
             break  # the run ended between tests: normally, or at an error outside any test
         # the run ended inside a test: record it, and restart without the tests already run
@@ -167,10 +187,15 @@ def _device_restricted(record: dict) -> bool:
 
 def compare(cpu: dict, pjrt: dict) -> dict:
     """The pjrt pass rate over the tests that pass on the CPU, less those torch's own
-    decorators restrict to other devices (counted apart, as `device_restricted`)."""
+    decorators restrict to other devices (counted apart, as `device_restricted`: skipped on
+    pjrt, or never instantiated for it, as a dtype only `dtypesIfCPU` lists)."""
+    cpu = {t: r for t, r in cpu.items() if t != "collected"}
+    collected = {_key(t, "pjrt") for t in pjrt.get("collected", ())}
+    pjrt_by_key = {_key(t, "pjrt"): r for t, r in pjrt.items() if t != "collected"}
     cpu_by_key = {_key(t, "cpu"): r for t, r in cpu.items()}
-    pjrt_by_key = {_key(t, "pjrt"): r for t, r in pjrt.items()}
     restricted = {k for k, r in pjrt_by_key.items() if _device_restricted(r)}
+    if collected:
+        restricted |= {k for k in cpu_by_key if k not in collected and k not in pjrt_by_key}
     passing = [k for k, r in cpu_by_key.items() if r["outcome"] == "passed" and k not in restricted]
     passed = [k for k in passing if pjrt_by_key.get(k, {}).get("outcome") == "passed"]
     failures = {k: pjrt_by_key.get(k, {"outcome": "missing", "message": "not run on pjrt"})
@@ -247,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m torch_pjrt.tools.pytorch_tests " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(results, command)
     if opts.json:
-        opts.json.write_text(json.dumps({"results": results, "tests": raw}, indent=1, default=str))
+        opts.json.write_text(json.dumps({"results": results, "tests": raw}, indent=1,
+                                         default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
     if opts.out:
         opts.out.write_text(text)
     print(text)
