@@ -9,7 +9,8 @@ autograd, the dispatcher and, for pjrt, recording and dispatching its executable
 an accelerator's eager step costs too (issue 29). torch runs on one thread
 (torch.set_num_threads(1)); rows are timed interleaved, round by round (train_eager.Runner), and
 each number is the median of --rounds samples. A ratio measured at a load average above the
-number of cores is not a result. Workloads:
+number of cores is not a result. A second table gives the main thread's CPU time per step
+(time.thread_time): the host work alone, which the VM's scheduling moves less than the wall clock. Workloads:
   gpt-read-1      char GPT, 2 layers, d=32, T=8, batch 1, AdamW + clip_grad_norm_, loss read each step
   gpt-read-10     the same, the loss read every 10 steps (one sample: 10 steps and a synchronize)
   decode          Llama-style decode step (tools/tiny_llama.py: 4 layers, d=64, GQA, static cache
@@ -148,6 +149,17 @@ def main() -> None:
         print(f"| {name} | {peer_row.median / per * 1e3:.2f} | {cells} |")
     for line in failed:
         print(f"| {line} |")
+    # The main thread's CPU time (time.thread_time) per step: the host work alone. The wall clock above
+    # adds waiting for XLA's threads (on CPU they also run the arithmetic) and the VM's scheduling.
+    print(f"\nMain thread CPU time ({unit}), the same rounds:\n")
+    print(f"| workload | torch {peer} eager | " + " | ".join(f"pjrt {m} | {m} / {peer}" for m in modes) + " |")
+    print("|---|---:|" + "---:|---:|" * len(modes))
+    for name, per, (peer_row, *pjrt) in rows:
+        if not getattr(peer_row, "thread_times", None):
+            continue  # a peer timed in its own process
+        cells = " | ".join(f"{r.thread_median / per * 1e3:.2f} | {r.thread_median / peer_row.thread_median:.2f}x"
+                           for r in pjrt)
+        print(f"| {name} | {peer_row.thread_median / per * 1e3:.2f} | {cells} |")
     print("\nWhat one more step of each pjrt row runs in Python (eager_stats()['paths']):")
     for name, _, (_, *pjrt) in rows:
         for runner in pjrt:

@@ -112,6 +112,7 @@ class Runner:
         sync(device)
         self.first = time.perf_counter() - start
         self.times: list = []
+        self.thread_times: list = []  # the main thread's CPU time: the host work, without waits
 
     def enter(self) -> None:
         if self.mode is not None:
@@ -119,15 +120,20 @@ class Runner:
 
     def time_one(self) -> None:
         self.enter()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         for _ in range(self.sync_every):
             self.step()
         sync(self.device)
         self.times.append((time.perf_counter() - t) / self.sync_every)
+        self.thread_times.append((time.thread_time() - cpu) / self.sync_every)
 
     @property
     def median(self) -> float:
         return statistics.median(self.times)
+
+    @property
+    def thread_median(self) -> float:
+        return statistics.median(self.thread_times)
 
 
 class PeerProcess:
