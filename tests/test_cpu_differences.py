@@ -584,3 +584,25 @@ def test_empty_in_deterministic_mode_reads_as_on_cpu(dtype):
         _same_as_cpu(lambda d: torch.empty(3, 2, dtype=dtype, device=d))
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+# --------------------------------------------------------------------------- unique over a dim with NaN rows
+def _rows_with_nans(seed: int, rows: int, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 3, (rows, 2), generator=generator).to(dtype)
+    x[torch.rand(rows, 2, generator=generator) < 0.4] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("rows", [1, 6, 16, 17, 40, 300])  # past 16 rows CPU's std::sort partitions first
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unique_dim_keeps_nan_rows_apart_in_cpus_order(rows, dtype):
+    # a row with a NaN equals no other row on CPU; pjrt merged NaN rows (jnp.unique) and sorted
+    # them last, so the result's length, inverse and counts differed
+    for seed in range(3):
+        x = _rows_with_nans(seed, rows, dtype)
+        for dim, t in ((0, x), (1, x.t()), (0, x[:, 0])):
+            expected = torch.unique(t, dim=dim, return_inverse=True, return_counts=True)
+            actual = torch.unique(t.to("pjrt"), dim=dim, return_inverse=True, return_counts=True)
+            for e, a in zip(expected, actual):
+                torch.testing.assert_close(a.cpu(), e, rtol=0, atol=0, equal_nan=True)

@@ -784,9 +784,139 @@ def _unique(self, sorted=True, return_inverse=False):  # noqa: A002
     return _unique2(self, sorted, return_inverse)[:2]
 
 
+def _libstdcxx_sort(order: list, less) -> None:
+    """std::sort as libstdc++ writes it (introsort: median-of-three partitions down to 16
+    elements, heapsort past the depth limit, then insertion sort), in place on `order`. CPU's
+    unique_dim sorts rows with a comparator that NaN makes inconsistent; its result is then
+    this algorithm's, so it is followed step by step."""
+    def linear_insert(i):
+        value, j = order[i], i - 1
+        while less(value, order[j]):
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = value
+
+    def insertion_sort(first, last):
+        for i in range(first + 1, last):
+            if less(order[i], order[first]):
+                value = order[i]
+                order[first + 1:i + 1] = order[first:i]
+                order[first] = value
+            else:
+                linear_insert(i)
+
+    def adjust_heap(first, hole, length, value):
+        top, child = hole, hole
+        while child < (length - 1) // 2:
+            child = 2 * (child + 1)
+            if less(order[first + child], order[first + child - 1]):
+                child -= 1
+            order[first + hole] = order[first + child]
+            hole = child
+        if length % 2 == 0 and child == (length - 2) // 2:
+            child = 2 * (child + 1)
+            order[first + hole] = order[first + child - 1]
+            hole = child - 1
+        parent = (hole - 1) // 2
+        while hole > top and less(order[first + parent], value):
+            order[first + hole] = order[first + parent]
+            hole, parent = parent, (parent - 1) // 2
+        order[first + hole] = value
+
+    def heap_sort(first, last):
+        length = last - first
+        for parent in range((length - 2) // 2, -1, -1):
+            adjust_heap(first, parent, length, order[first + parent])
+        while last - first > 1:
+            last -= 1
+            value, order[last] = order[last], order[first]
+            adjust_heap(first, 0, last - first, value)
+
+    def median_to_first(result, a, b, c):
+        if less(order[a], order[b]):
+            pick = b if less(order[b], order[c]) else (c if less(order[a], order[c]) else a)
+        else:
+            pick = a if less(order[a], order[c]) else (c if less(order[b], order[c]) else b)
+        order[result], order[pick] = order[pick], order[result]
+
+    def partition(first, last, pivot):
+        while True:
+            while less(order[first], order[pivot]):
+                first += 1
+            last -= 1
+            while less(order[pivot], order[last]):
+                last -= 1
+            if not first < last:
+                return first
+            order[first], order[last] = order[last], order[first]
+            first += 1
+
+    def introsort(first, last, depth):
+        while last - first > 16:
+            if depth == 0:
+                heap_sort(first, last)
+                return
+            depth -= 1
+            median_to_first(first, first + 1, first + (last - first) // 2, last - 1)
+            cut = partition(first + 1, last, first)
+            introsort(cut, last, depth)
+            last = cut
+
+    n = len(order)
+    if n < 2:
+        return
+    introsort(0, n, 2 * (n.bit_length() - 1))
+    if n > 16:
+        insertion_sort(0, 16)
+        for i in range(16, n):
+            linear_insert(i)
+    else:
+        insertion_sort(0, n)
+
+
+def _unique_rows_as_cpu(rows: np.ndarray):
+    """(order of the unique rows' first occurrences, inverse, counts) of a 2-D array with NaNs,
+    as CPU's unique_dim computes them: rows sorted by libstdc++'s std::sort with a lexicographic
+    `<`, then runs of equal rows merged, where a row with a NaN equals no other."""
+    values = [tuple(r) for r in rows.astype(np.float64).tolist()]
+
+    def less(a, b):
+        for lhs, rhs in zip(values[a], values[b]):
+            if lhs < rhs:
+                return True
+            if lhs > rhs:
+                return False
+        return False
+
+    order = list(range(len(values)))
+    _libstdcxx_sort(order, less)
+    firsts, inverse, counts = [], np.zeros(len(order), np.int64), []
+    for position, row in enumerate(order):
+        if not firsts or not values[row] == values[order[firsts[-1]]] or builtins.any(math.isnan(v) for v in values[row]):
+            firsts.append(position)
+            counts.append(0)
+        inverse[row] = len(firsts) - 1
+        counts[-1] += 1
+    return [order[f] for f in firsts], inverse, np.asarray(counts, np.int64)
+
+
 @lowering(aten.unique_dim.default, jit=False)
 def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):  # noqa: A002
     dim = wrap_dim(dim, self.ndim)
+    zero_dims = builtins.sum(1 for n in self.shape if n == 0)
+    if self.shape[dim] == 0:
+        if zero_dims != 1:
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
+        return self, _empty_index(), _empty_index()
+    if zero_dims:
+        raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+    if jnp.issubdtype(self.dtype, jnp.floating) and bool(jnp.isnan(self).any()):
+        # NaN != NaN: no row with a NaN merges, and the rows' order is that of CPU's sort (jnp.unique
+        # would merge NaN rows and sort them last)
+        rows = np.asarray(jnp.moveaxis(self, dim, 0))
+        picked, inverse, counts = _unique_rows_as_cpu(rows.reshape(rows.shape[0], -1))
+        out = jnp.moveaxis(jnp.moveaxis(self, dim, 0)[jnp.asarray(picked, INT64)], 0, dim)
+        return out, jnp.asarray(inverse), jnp.asarray(counts)
     out, inverse, counts = jnp.unique(self, axis=dim, return_inverse=True, return_counts=True)
     return out, inverse.reshape(-1).astype(INT64), counts.astype(INT64)  # torch always fills both with a dim
 
