@@ -136,13 +136,40 @@ def test_registered_and_fallback_counters_exist():
 
 
 def test_synchronize_waits_for_work_whose_result_was_dropped():
+    """Op by op, a dropped result's computation may still run: synchronize waits for it. (Fused, a
+    dropped result is never computed: its region leaves it out.)"""
     from torch_pjrt.runtime import storage
 
-    a = torch.randn(1500, 1500, device="pjrt")
-    a @ a  # result dropped at once; its computation may still be running
-    dropped = storage._recent[-1]
-    torch.pjrt.synchronize()
-    assert dropped.is_ready()
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode("op")
+    try:
+        a = torch.randn(1500, 1500, device="pjrt")
+        a @ a  # result dropped at once; its computation may still be running
+        dropped = storage._recent[-1]
+        torch.pjrt.synchronize()
+        assert dropped.is_ready()
+    finally:
+        torch_pjrt.set_eager_mode(before)
+
+
+@pytest.mark.parametrize("mode", ["fused", "op"])
+def test_synchronize_waits_for_the_latest_results(mode):
+    """synchronize() waits for the latest results (a region's outputs, weakly held so that they stay
+    donatable; op by op, the latest results), not for every live array."""
+    from torch_pjrt.runtime import fused, storage
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        a = torch.randn(1200, 1200, device="pjrt")
+        held = [(a @ a).tanh() for _ in range(3)]
+        torch.pjrt.synchronize()
+        for t in held:
+            buffer = storage._rt.buffer(t)
+            array = buffer.value if type(buffer) is fused.Pending else buffer
+            assert array.is_ready()
+    finally:
+        torch_pjrt.set_eager_mode(before)
 
 
 def test_accelerator_memory_functions():

@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import threading
+import weakref
 
 import jax
 import numpy as np
@@ -181,6 +182,9 @@ _call_by_call: set = set()  # call sequences (names) that run call by call (they
 _stats = collections.Counter()
 _ended_by: collections.Counter = collections.Counter()
 _recent_regions: collections.deque = collections.deque(maxlen=64)
+# Weak references to the latest regions' outputs: synchronize() waits for them (storage.synchronize).
+# Weak, so that a region's output is donated to the next region as if nothing else held it.
+_recent_outputs: collections.deque = collections.deque(maxlen=256)
 _compiled_last: dict = {}  # call sequence (names) -> the last structure compiled for it (the recompile log's)
 _single_device = None
 
@@ -465,6 +469,7 @@ def _materialize(region: Region, live: tuple, values) -> None:
         values = committed(values, region.device)
     for i, value in zip(live, values):
         outputs[i].value = value
+        _recent_outputs.append(weakref.ref(value))
 
 
 def _first_run(region: Region, key: tuple) -> str:

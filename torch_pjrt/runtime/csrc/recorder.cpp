@@ -317,7 +317,7 @@ void digest_call(PyObject* digest, int64_t call_id, PyObject* refs) {
 
 namespace {
 struct RunHelpers {  // fused's bookkeeping of runs, looked up once
-  PyObject *executables, *stats, *ended_by, *recent, *open, *failed_run;
+  PyObject *executables, *stats, *ended_by, *recent, *open, *failed_run, *recent_outputs;
   PyObject *move_to_end, *append, *discard;
   PyObject *regions, *ops, *cache_hits, *k_ops, *k_ended_by, *k_executable, *k_outputs, *k_materialized, *cached;
 };
@@ -357,6 +357,7 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
     auto of_fused = [](const char* s) { return attr(g_rec.fused, py::str(s).ptr()).release().ptr(); };
     g_run = new RunHelpers{of_fused("_executables"), of_fused("_stats"), of_fused("_ended_by"),
                            of_fused("_recent_regions"), g_rec.open_regions, of_fused("_after_failed_run"),
+                           of_fused("_recent_outputs"),
                            name("move_to_end"), name("append"), name("discard"),
                            name("regions"), name("ops"), name("cache_hits"), name("ops"), name("ended_by"),
                            name("executable"), name("outputs"), name("materialized"), name("cached")};
@@ -424,9 +425,14 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   py::object values = py::reinterpret_steal<py::object>(results);
   py::object items = py::reinterpret_steal<py::object>(PySequence_Fast(values.ptr(), "a region's results"));
   if (!items) throw python_error();
-  for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(live); j++)
-    g_pending.value.set(PyList_GET_ITEM(outputs, PyLong_AsSsize_t(PyTuple_GET_ITEM(live, j))),
-                        PySequence_Fast_GET_ITEM(items.ptr(), j));
+  for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(live); j++) {
+    PyObject* value = PySequence_Fast_GET_ITEM(items.ptr(), j);
+    g_pending.value.set(PyList_GET_ITEM(outputs, PyLong_AsSsize_t(PyTuple_GET_ITEM(live, j))), value);
+    // synchronize() waits for the latest outputs (fused._recent_outputs: weakly held, so still donatable)
+    py::object ref = py::reinterpret_steal<py::object>(PyWeakref_NewRef(value, nullptr));
+    if (!ref) throw python_error();
+    call_method(g_run->recent_outputs, g_run->append, ref.ptr());
+  }
   return true;
 }
 
