@@ -39,6 +39,11 @@ def test_fsdp2_x_pp_equals_full_batch_training():
     expect_success(launch("fsdp_pp", 4, timeout=400))
 
 
+@pytest.mark.slow  # 8 processes on a 3-D mesh (docs/distributed.md has its time)
+def test_fsdp2_x_tp_x_pp_equals_full_batch_training():
+    expect_success(launch("fsdp_tp_pp", 8, timeout=1200))
+
+
 def _two_nodes(case: str, nproc_per_node: int, tmp_path, timeout: float) -> list[dict]:
     """`case` under two torchrun launchers (two "hosts") meeting at a c10d rendezvous."""
     env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO),

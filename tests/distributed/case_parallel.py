@@ -65,7 +65,8 @@ def _stage_module(full: Stack, first: int, count: int) -> nn.Module:
 def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str, mesh=None) -> dict:
     """Train a pipelined Stack (2 layers per stage) on the default group, or on `mesh`'s "pp"
     dimension with each stage's module under FSDP2 over its "dp" dimension (each dp rank
-    training its rows of the batch). Returns the losses (last stage: the mean over the
+    training its rows of the batch) and, where the mesh has a "tp" dimension, its two layers
+    tensor-parallel over it (column-wise, then row-wise). Returns the losses (last stage: the mean over the
     microbatches and dp ranks) and the full parameters, named as in the whole model."""
     from torch.distributed import pipelining
 
@@ -88,6 +89,11 @@ def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str, mesh=None
         modules = [pipe.get_stage_module(s) for s in mine]
     else:  # manual split; "compiled": each stage's module under torch.compile(backend="pjrt")
         modules = [_stage_module(full, s * per_stage, per_stage) for s in mine]
+        if mesh is not None and "tp" in (mesh.mesh_dim_names or ()):  # each stage's two layers: column, then row
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+            for m in modules:
+                parallelize_module(m, mesh["tp"], {"layers.0.0": ColwiseParallel(), "layers.1.0": RowwiseParallel()})
         if mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
@@ -306,4 +312,19 @@ def fsdp_pp() -> dict:
     mesh = init_device_mesh("pjrt", (pp, dist.get_world_size() // pp), mesh_dim_names=("pp", "dp"))
     run = _pp_train("Schedule1F1B", 1, "manual", mesh)
     _pp_check("FSDP2 x PP (1F1B)", run, pp * 2)
+    return {"losses": run["losses"]}
+
+
+@case
+def fsdp_tp_pp() -> dict:
+    """The 3-D composition torchtitan uses: pipeline stages over "pp" (1F1B), FSDP2 over "dp" and
+    tensor parallelism over "tp" within each stage, on a 2x2x2 pjrt DeviceMesh (8 processes):
+    losses and parameters equal one process training the whole model on the full batch."""
+    init()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    pp, tp = 2, 2
+    mesh = init_device_mesh("pjrt", (pp, dist.get_world_size() // (pp * tp), tp), mesh_dim_names=("pp", "dp", "tp"))
+    run = _pp_train("Schedule1F1B", 1, "manual", mesh)
+    _pp_check("FSDP2 x TP x PP (1F1B)", run, pp * 2)
     return {"losses": run["losses"]}
