@@ -606,3 +606,25 @@ def test_unique_dim_keeps_nan_rows_apart_in_cpus_order(rows, dtype):
             actual = torch.unique(t.to("pjrt"), dim=dim, return_inverse=True, return_counts=True)
             for e, a in zip(expected, actual):
                 torch.testing.assert_close(a.cpu(), e, rtol=0, atol=0, equal_nan=True)
+
+
+_OTHER_DTYPE_WRITES = {  # values of another dtype than self: CPU refuses, pjrt cast them
+    "int_index": lambda d, x: x.index_put((torch.tensor([1], device=d),), torch.tensor([5], device=d)),
+    "accumulate": lambda d, x: x.index_put((torch.tensor([1], device=d),), torch.tensor([5.0], device=d,
+                                                                                      dtype=torch.float32), True),
+    "zero_dim": lambda d, x: x.index_put((torch.tensor([1], device=d),), torch.tensor(5, device=d)),
+    "mask_values": lambda d, x: x.index_put((x > 0,), torch.tensor([5, 6, 7], device=d)),
+    "setitem_column": lambda d, x: x.view(3, 1).__setitem__((slice(None), [0]),
+                                                            torch.zeros(3, 1, dtype=torch.int32, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OTHER_DTYPE_WRITES))
+def test_index_put_of_values_of_another_dtype_raises(case):
+    assert_raises_like_cpu(lambda d: _OTHER_DTYPE_WRITES[case](d, torch.ones(3, dtype=torch.float64, device=d)), case)
+
+
+def test_index_put_of_one_value_through_one_mask_casts_as_on_cpu():
+    # CPU hands this call to masked_fill_, which casts the value
+    _same_as_cpu(lambda d: torch.ones(3, dtype=torch.float64, device=d).index_put(
+        (torch.tensor([True, False, True], device=d),), torch.tensor(5, device=d)))

@@ -12,6 +12,7 @@ cached executable and a mask is turned into integer indices on concrete arrays.
 """
 from __future__ import annotations
 import functools
+import math
 import os
 import sys
 import warnings
@@ -24,6 +25,7 @@ from .reductions import vector_norm
 from . import index_probes as probes
 from .registry import family, has_index, Padding
 from .views import wrap_dim
+from ..dtypes import c10_name, to_torch
 
 lowering = family(not_paddable="no padding rule yet: its indices address positions of a possibly padded dim")
 
@@ -216,6 +218,19 @@ def _index_put_jit(self, indices, values, accumulate):
     return _index_put_ints(self, indices, values, accumulate)
 
 
+def check_values_dtype(self, indices, values, accumulate) -> None:
+    """CPU's error for values of another dtype than self (pjrt cast them). CPU writes one value
+    through one mask with masked_fill_, which casts: that call is let through."""
+    if np.dtype(values.dtype) == np.dtype(self.dtype):
+        return
+    given = [i for i in indices if i is not None]
+    if not accumulate and math.prod(values.shape) == 1 and len(given) == 1 and _is_mask(given[0]):
+        return
+    raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                       f"{c10_name(to_torch(self.dtype))} for the destination and {c10_name(to_torch(values.dtype))} "
+                       f"for the source.")
+
+
 def check_mask_values(self, mask, where: int, values) -> None:
     """CPU's error for values that do not broadcast to self[(:,)*where + mask]'s shape. The
     selection's length along the mask's dims is the mask's count: read (a host sync, as CPU's and
@@ -276,8 +291,10 @@ def index_put(self, indices, values, accumulate=False):
         if len(masks) == 1 and indices[only].ndim > 0 and all(i is None for i in indices[:only]) \
                 and all(i is None for i in indices[only + 1:]):
             check_mask_values(self, indices[only], only, values)
+            check_values_dtype(self, indices, values, accumulate)
             return _index_put_mask(self, indices[only].astype(jnp.bool_), only, values, accumulate)
         indices = expand_masks(self, indices)  # mixed masks and integer indices: concrete nonzero
+    check_values_dtype(self, indices, values, accumulate)
     return _index_put_jit(self, indices, values, accumulate)
 
 
