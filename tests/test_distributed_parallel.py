@@ -44,6 +44,11 @@ def test_fsdp2_x_tp_x_pp_equals_full_batch_training():
     expect_success(launch("fsdp_tp_pp", 8, timeout=1200))
 
 
+@pytest.mark.slow  # 4 processes on a 2-D mesh
+def test_fsdp2_x_context_parallel_equals_full_batch_training():
+    expect_success(launch("fsdp_cp", 4, timeout=900))
+
+
 def _two_nodes(case: str, nproc_per_node: int, tmp_path, timeout: float) -> list[dict]:
     """`case` under two torchrun launchers (two "hosts") meeting at a c10d rendezvous."""
     env = dict(os.environ, TORCH_PJRT_PLATFORM="cpu", TORCH_PJRT_CPU_DEVICES="1", PYTHONPATH=str(REPO),

@@ -328,3 +328,93 @@ def fsdp_tp_pp() -> dict:
     run = _pp_train("Schedule1F1B", 1, "manual", mesh)
     _pp_check("FSDP2 x TP x PP (1F1B)", run, pp * 2)
     return {"losses": run["losses"]}
+
+
+CP_VOCAB, CP_WIDTH, CP_HEADS, CP_SEQ, CP_BATCH, CP_STEPS = 64, 32, 2, 128, 4, 3
+
+
+class CausalAttentionLM(nn.Module):
+    """Embedding, one causal self-attention block (SDPA) and a head: the smallest model whose
+    training runs attention under context parallelism."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(CP_VOCAB, CP_WIDTH)
+        self.qkv = nn.Linear(CP_WIDTH, 3 * CP_WIDTH)
+        self.out = nn.Linear(CP_WIDTH, CP_WIDTH)
+        self.head = nn.Linear(CP_WIDTH, CP_VOCAB)
+
+    def forward(self, tokens, targets):
+        import torch.nn.functional as F
+
+        x = self.embed(tokens)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, CP_HEADS, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+        logits = self.head(x + self.out(y))
+        return F.cross_entropy(logits.reshape(-1, CP_VOCAB), targets.reshape(-1))
+
+
+def _cp_batches():
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(CP_VOCAB, (CP_BATCH, CP_SEQ + 1), generator=g) for _ in range(CP_STEPS)]
+
+
+@case
+def fsdp_cp() -> dict:
+    """Context parallelism composed with FSDP2, as torchtitan composes them: a 2x2 pjrt mesh
+    ("dp", "cp"); each dp rank trains its rows of the batch, each cp rank its block of the
+    sequence (torch's context_parallel shards tokens and targets, causal load balancing on, and
+    runs ring attention over "cp"); FSDP2 shards the parameters over all four ranks, so its
+    gradient reduction averages over data and sequence shards alike. Losses and parameters equal
+    one process training on the full batch and sequence."""
+    init()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options
+
+    from tests.distributed.case_training import _full_state
+
+    cp = 2
+    dp = dist.get_world_size() // cp
+    mesh = init_device_mesh("pjrt", (dp, cp), mesh_dim_names=("dp", "cp"))
+    everyone = init_device_mesh("pjrt", (dist.get_world_size(),))  # FSDP2's shards: dp x cp ranks
+    torch.manual_seed(0)
+    reference = CausalAttentionLM().to(pjrt())
+    model = copy.deepcopy(reference)
+    # SGD: the keys' bias has a gradient of exactly zero in exact arithmetic (softmax ignores a
+    # constant per query), and AdamW would blow its rounding noise up to steps of ~lr
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    ref_losses = []
+    for batch in _cp_batches():
+        batch = batch.to(pjrt())
+        loss = reference(batch[:, :-1], batch[:, 1:])
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(float(loss))
+
+    fully_shard(model, mesh=everyone)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    _cp_options.enable_load_balance = True  # round-robin blocks: each cp rank's share of causal work is equal
+    per = CP_BATCH // dp
+    rows = slice(mesh["dp"].get_local_rank() * per, (mesh["dp"].get_local_rank() + 1) * per)
+    losses = []
+    for batch in _cp_batches():
+        batch = batch[rows].to(pjrt())
+        tokens, targets = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        with context_parallel(mesh["cp"], buffers=[tokens, targets], buffer_seq_dims=[1, 1],
+                              no_restore_buffers={tokens, targets}):
+            loss = model(tokens, targets)  # this rank's block of the sequence: its mean loss
+            opt.zero_grad()
+            loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    losses = torch.stack(losses)
+    dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # equal shards: the mean of the means is the full mean
+    check_equal("FSDP2 x CP losses", losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
+    expected = {k: v.detach().cpu() for k, v in reference.state_dict().items()}
+    for name, value in _full_state(model).items():
+        check_equal(f"FSDP2 x CP parameter {name}", value, expected[name], rtol=1e-5, atol=1e-5)
+    return {"losses": losses.tolist()}
