@@ -44,9 +44,11 @@ def test_fsdp2_x_tp_x_pp_equals_full_batch_training():
     expect_success(launch("fsdp_tp_pp", 8, timeout=1200))
 
 
-@pytest.mark.slow  # 4 processes on a 2-D mesh
-def test_fsdp2_x_context_parallel_equals_full_batch_training():
-    expect_success(launch("fsdp_cp", 4, timeout=900))
+@pytest.mark.slow  # 4 processes on a 2-D mesh, twice: about a minute each on 2 cores
+@pytest.mark.parametrize("case", ["fsdp_cp", "tp_cp"])
+def test_context_parallel_composed_equals_full_batch_training(case):
+    """Ring attention over the sequence, composed with FSDP2 (dp x cp) or tensor parallelism (cp x tp)."""
+    expect_success(launch(case, 4, timeout=900))
 
 
 def _two_nodes(case: str, nproc_per_node: int, tmp_path, timeout: float) -> list[dict]:

@@ -340,7 +340,7 @@ class CausalAttentionLM(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Embedding(CP_VOCAB, CP_WIDTH)
-        self.qkv = nn.Linear(CP_WIDTH, 3 * CP_WIDTH)
+        self.q, self.k, self.v = (nn.Linear(CP_WIDTH, CP_WIDTH) for _ in range(3))
         self.out = nn.Linear(CP_WIDTH, CP_WIDTH)
         self.head = nn.Linear(CP_WIDTH, CP_VOCAB)
 
@@ -349,7 +349,8 @@ class CausalAttentionLM(nn.Module):
 
         x = self.embed(tokens)
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, CP_HEADS, -1).permute(2, 0, 3, 1, 4)
+        # heads from the projection's width: a tensor-parallel rank runs its own heads
+        q, k, v = (p(x).view(B, T, -1, CP_WIDTH // CP_HEADS).transpose(1, 2) for p in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
         logits = self.head(x + self.out(y))
         return F.cross_entropy(logits.reshape(-1, CP_VOCAB), targets.reshape(-1))
@@ -360,26 +361,16 @@ def _cp_batches():
     return [torch.randint(CP_VOCAB, (CP_BATCH, CP_SEQ + 1), generator=g) for _ in range(CP_STEPS)]
 
 
-@case
-def fsdp_cp() -> dict:
-    """Context parallelism composed with FSDP2, as torchtitan composes them: a 2x2 pjrt mesh
-    ("dp", "cp"); each dp rank trains its rows of the batch, each cp rank its block of the
-    sequence (torch's context_parallel shards tokens and targets, causal load balancing on, and
-    runs ring attention over "cp"); FSDP2 shards the parameters over all four ranks, so its
-    gradient reduction averages over data and sequence shards alike. Losses and parameters equal
-    one process training on the full batch and sequence."""
-    init()
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+def _cp_train(mesh, parallelize, rows: slice, what: str) -> dict:
+    """Train CausalAttentionLM with context parallelism over mesh["cp"] (torch's context_parallel
+    shards tokens and targets, causal load balancing on, and runs ring attention), after
+    `parallelize(model)` (FSDP2, tensor parallelism); each rank trains `rows` of the batch.
+    Losses and parameters equal one process training on the full batch and sequence."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import _cp_options
 
     from tests.distributed.case_training import _full_state
 
-    cp = 2
-    dp = dist.get_world_size() // cp
-    mesh = init_device_mesh("pjrt", (dp, cp), mesh_dim_names=("dp", "cp"))
-    everyone = init_device_mesh("pjrt", (dist.get_world_size(),))  # FSDP2's shards: dp x cp ranks
     torch.manual_seed(0)
     reference = CausalAttentionLM().to(pjrt())
     model = copy.deepcopy(reference)
@@ -395,11 +386,9 @@ def fsdp_cp() -> dict:
         ref_opt.step()
         ref_losses.append(float(loss))
 
-    fully_shard(model, mesh=everyone)
+    parallelize(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     _cp_options.enable_load_balance = True  # round-robin blocks: each cp rank's share of causal work is equal
-    per = CP_BATCH // dp
-    rows = slice(mesh["dp"].get_local_rank() * per, (mesh["dp"].get_local_rank() + 1) * per)
     losses = []
     for batch in _cp_batches():
         batch = batch[rows].to(pjrt())
@@ -413,8 +402,49 @@ def fsdp_cp() -> dict:
         losses.append(loss.detach())
     losses = torch.stack(losses)
     dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # equal shards: the mean of the means is the full mean
-    check_equal("FSDP2 x CP losses", losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
+    check_equal(f"{what} losses", losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
     expected = {k: v.detach().cpu() for k, v in reference.state_dict().items()}
     for name, value in _full_state(model).items():
-        check_equal(f"FSDP2 x CP parameter {name}", value, expected[name], rtol=1e-5, atol=1e-5)
+        check_equal(f"{what} parameter {name}", value, expected[name], rtol=1e-5, atol=1e-5)
     return {"losses": losses.tolist()}
+
+
+@case
+def fsdp_cp() -> dict:
+    """Context parallelism composed with FSDP2, as torchtitan composes them: a 2x2 pjrt mesh
+    ("dp", "cp"); each dp rank trains its rows of the batch, each cp rank its block of the
+    sequence; FSDP2 shards the parameters over all four ranks, so its gradient reduction
+    averages over data and sequence shards alike."""
+    init()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    cp = 2
+    dp = dist.get_world_size() // cp
+    mesh = init_device_mesh("pjrt", (dp, cp), mesh_dim_names=("dp", "cp"))
+    everyone = init_device_mesh("pjrt", (dist.get_world_size(),))  # FSDP2's shards: dp x cp ranks
+    per = CP_BATCH // dp
+    rows = slice(mesh["dp"].get_local_rank() * per, (mesh["dp"].get_local_rank() + 1) * per)
+    return _cp_train(mesh, lambda model: fully_shard(model, mesh=everyone), rows, "FSDP2 x CP")
+
+
+@case
+def tp_cp() -> dict:
+    """Context parallelism composed with tensor parallelism: a 2x2 pjrt mesh ("cp", "tp"); the
+    attention's projections column-parallel and its output row-parallel over "tp" (each tp rank
+    its heads), ring attention over "cp", FSDP2 over "cp" averaging the sequence blocks'
+    gradients (torchtitan's composition without data parallelism)."""
+    init()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = 2
+    mesh = init_device_mesh("pjrt", (dist.get_world_size() // tp, tp), mesh_dim_names=("cp", "tp"))
+
+    def parallelize(model):
+        parallelize_module(model, mesh["tp"], {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                                               "v": ColwiseParallel(), "out": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["cp"])
+
+    return _cp_train(mesh, parallelize, slice(None), "TP x CP")
