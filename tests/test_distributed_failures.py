@@ -36,6 +36,15 @@ def test_stuck_rank_times_out(env):
     assert 5 < value["seconds"] < 30, value  # the group's timeout (6 s), not forever
 
 
+@pytest.mark.parametrize("env", [XLA_UNCHECKED, HOST], ids=["xla", "host"])
+def test_frozen_rank_times_out(env):
+    """A peer that stops whole (SIGSTOP), as a node cut off by the network would: no socket closes,
+    no thread of it answers; the collective still ends at the group's timeout, not never."""
+    value = _rank0("frozen", env)
+    assert value["error"] is not None and "all_reduce" in value["error"], value
+    assert 5 < value["seconds"] < 30, value
+
+
 def test_mismatched_shapes_raise_on_every_rank():
     results = launch("failure", 2, timeout=120, args=["mismatch"])
     for r in results:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
@@ -15,8 +16,9 @@ TIMEOUT_S = 6
 
 @case
 def failure(mode: str) -> dict:
-    """Rank 1 misbehaves (mode: killed, stuck, mismatch; compiled_killed and compiled_mismatch
-    for a compiled graph's collective); every other rank reports the error it got."""
+    """Rank 1 misbehaves (mode: killed, stuck, frozen (SIGSTOP: as a node cut off by the network,
+    no socket closes and no heartbeat comes), mismatch; compiled_killed and compiled_mismatch for
+    a compiled graph's collective); every other rank reports the error it got."""
     init(timeout_s=TIMEOUT_S)
     compiled = mode.startswith("compiled_")
     mode = mode.removeprefix("compiled_")
@@ -25,6 +27,12 @@ def failure(mode: str) -> dict:
     dist.all_reduce(t)  # everyone is up
     if rank == 1 and mode == "killed":
         os._exit(3)
+    if mode == "frozen":  # rank 0 learns rank 1's pid, to end it once its own error is in
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 1:
+            store.set("frozen_pid", str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)  # the whole process stops: no thread answers, no socket closes
+        frozen_pid = int(store.get("frozen_pid"))
     if rank == 1 and mode == "stuck":
         time.sleep(float(os.environ.get("PJRT_TEST_STUCK_S", 4 * TIMEOUT_S)))
         return {"peer_failed": True}
@@ -46,4 +54,7 @@ def failure(mode: str) -> dict:
         error = None
     except Exception as e:  # noqa: BLE001  (the error is the result)
         error = f"{type(e).__name__}: {e}"
-    return {"error": error, "seconds": time.monotonic() - start, "peer_failed": True}
+    seconds = time.monotonic() - start
+    if mode == "frozen":
+        os.kill(frozen_pid, signal.SIGKILL)
+    return {"error": error, "seconds": seconds, "peer_failed": True}
