@@ -392,9 +392,11 @@ def test_scalar_reads_of_every_element_equal_cpu():
     assert big.to(DEV)[37, 42].item() == big[37, 42].item()  # past the host-copy size: the view's read
     floats = torch.arange(10.0)
     assert floats.to(DEV).view(torch.int32)[3].item() == floats.view(torch.int32)[3].item()
+    large = torch.cat([torch.zeros(4998, dtype=torch.uint64), torch.tensor([2**63 + 5, 7], dtype=torch.uint64)])
+    assert large.to(DEV)[4998].item() == 2**63 + 5  # past int64, through the Python kernel's number
     assert int((torch.tensor([[3]], device=DEV) * 2 + 1)[0, 0]) == 7  # a pending value
     reads = torch_pjrt.eager_stats()["paths"]["aten::_local_scalar_dense"]
-    assert (reads["fast"], reads["python_kernel"]) == (10 * (12 + 12 + 4) + 1, 2), reads  # the big one, the int32 view
+    assert (reads["fast"], reads["python_kernel"]) == (10 * (12 + 12 + 4) + 1, 3), reads  # big ones, the int32 view
 
 
 def test_scalar_read_raises_an_earlier_out_of_range_index():

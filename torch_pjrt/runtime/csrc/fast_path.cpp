@@ -790,8 +790,17 @@ class ScalarReadKernel : public FastKernel {
     c10::Scalar value;
     if (PyBool_Check(out)) {
       value = c10::Scalar(out == Py_True);
-    } else if (PyLong_Check(out)) {
-      value = c10::Scalar(int64_t(number.cast<int64_t>()));
+    } else if (PyLong_Check(out)) {  // a uint64 past int64's range stays unsigned
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(out, &overflow);
+      if (overflow > 0) {
+        const unsigned long long u = PyLong_AsUnsignedLongLong(out);
+        if (PyErr_Occurred()) throw python_error();
+        value = c10::Scalar(uint64_t(u));
+      } else {
+        if (overflow < 0 || PyErr_Occurred()) throw python_error();
+        value = c10::Scalar(int64_t(v));
+      }
     } else if (PyFloat_Check(out)) {
       value = c10::Scalar(PyFloat_AS_DOUBLE(out));
     } else if (PyComplex_Check(out)) {
