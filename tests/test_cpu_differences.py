@@ -628,3 +628,28 @@ def test_index_put_of_one_value_through_one_mask_casts_as_on_cpu():
     # CPU hands this call to masked_fill_, which casts the value
     _same_as_cpu(lambda d: torch.ones(3, dtype=torch.float64, device=d).index_put(
         (torch.tensor([True, False, True], device=d),), torch.tensor(5, device=d)))
+
+
+# --------------------------------------------------------------------------- range factories' out=
+_RANGES = {
+    "arange": lambda d, out: torch.arange(0, 4, out=out),
+    "arange_float_step": lambda d, out: torch.arange(1.0, 3.0, 0.5, out=out),
+    "linspace": lambda d, out: torch.linspace(0, 3, 4, out=out),
+    "linspace_tensor": lambda d, out: torch.linspace(torch.tensor(0.0, device=d), 3, 4, out=out),
+    "logspace": lambda d, out: torch.logspace(0, 3, 4, out=out),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RANGES))
+@pytest.mark.parametrize("out", ["narrowed", "transposed", "matrix", "resized"])
+def test_range_factories_fill_out_in_its_own_shape(name, out):
+    # CPU resizes out only when its element count differs; pjrt resized a (2, 2) view to (4,) and
+    # wrote at other storage positions (torch.arange(0, 4, out=x.narrow(1, 1, 2)))
+    def call(d):
+        base = torch.zeros(2, 3, device=d)
+        target = {"narrowed": lambda: base.narrow(1, 1, 2), "transposed": lambda: base.t()[1:],
+                  "matrix": lambda: base[:, :2].contiguous(), "resized": lambda: base[:, 0]}[out]()
+        result = _RANGES[name](d, target)
+        return torch.cat([base.flatten(), result.flatten(), torch.tensor(result.shape, device=d)])
+
+    _same_as_cpu(call)

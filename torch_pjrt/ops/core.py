@@ -3,7 +3,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import torch
-from ..dtypes import to_jax
+from ..dtypes import to_jax, to_torch
 from .registry import lowering, Padding, SAME
 
 aten = torch.ops.aten
@@ -34,3 +34,14 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     n = torch.arange(start, end, step, device="meta").numel()  # torch's own length rule and checks
     index = jnp.arange(n, dtype=jnp.int64 if np.issubdtype(out, np.integer) else jnp.float64)
     return (start + index * step).astype(out)
+
+
+@lowering(aten.arange.start_out, static=("start", "end", "step"),
+          not_paddable="writes an existing out= tensor in its own shape")
+def arange_start_out(start, end, step=1, *, out):
+    """arange(..., out=): CPU resizes `out` only when its element count differs, and otherwise
+    writes the values in out's own shape and element order (torch's generic out= rule, which
+    the decomposition followed, resizes any other shape: a non-contiguous out then had its
+    values written at other storage positions). Returns out's new value."""
+    values = arange(start, end, step, dtype=to_torch(out.dtype))
+    return values.reshape(out.shape) if values.size == out.size else values

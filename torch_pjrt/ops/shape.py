@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from ..dtypes import astype, to_jax
+from ..dtypes import astype, to_jax, to_torch
 from . import core
 from .growth import Growth, PaddedOperand
 from .promotion import default_float, promote
@@ -410,3 +410,26 @@ for _op in (aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Te
     lowering(_op)(linspace)
 for _op in (aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
     lowering(_op)(logspace)
+
+
+def _in_out_shape(values, out):
+    """CPU's linspace/logspace/arange out=: `out` is resized only when its element count differs;
+    otherwise the values fill out's own shape in its element order (torch's generic out= rule
+    resizes any other shape, and a non-contiguous out then took them at other storage positions)."""
+    return values.reshape(out.shape) if values.size == out.size else values
+
+
+def linspace_out(start, end, steps, *, out):
+    return _in_out_shape(linspace(start, end, steps, dtype=to_torch(out.dtype)), out)
+
+
+def logspace_out(start, end, steps, base=10.0, *, out):
+    return _in_out_shape(logspace(start, end, steps, base, dtype=to_torch(out.dtype)), out)
+
+
+for _op in (aten.linspace.out, aten.linspace.Tensor_Tensor_out, aten.linspace.Tensor_Scalar_out,
+            aten.linspace.Scalar_Tensor_out):
+    lowering(_op)(linspace_out)
+for _op in (aten.logspace.out, aten.logspace.Tensor_Tensor_out, aten.logspace.Tensor_Scalar_out,
+            aten.logspace.Scalar_Tensor_out):
+    lowering(_op)(logspace_out)
