@@ -26,7 +26,6 @@ from ..runtime.fused import Pending, Recordable
 
 from . import errors, paths, stats
 from ..runtime.build import load as _load_runtime
-from ..runtime.executable_budget import release_if_due
 from ..dtypes import TORCH_TO_JAX, c10_name, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
 from ..ops.growth import Growth, PaddedOperand
@@ -663,11 +662,9 @@ def _install(op, kernel) -> None:
     elif op is aten._to_copy.default and not FAST_PATH_DISABLED:  # transfer.to_copy behind ToCopyKernel
         table = Kernel(LOWERINGS[op])  # a copy on the tensor's own device is the table's lowering
         keywords = Signature.of(op).names[1:]  # the C++ kernel passes them by position
-        def python_kernel(self, *rest):  # a copy between devices: Python between calls, a safe point
-            release_if_due()
-            return kernel(self, **dict(zip(keywords, rest)))
-
-        _rt.register_to_copy_kernel(table.executable, table.run, python_kernel, table.call.fast_plan())
+        _rt.register_to_copy_kernel(table.executable, table.run,
+                                    lambda self, *rest: kernel(self, **dict(zip(keywords, rest))),
+                                    table.call.fast_plan())
     elif op is aten._local_scalar_dense.default and not FAST_PATH_DISABLED:  # ScalarReadKernel; large storages here
         from .transfer import WHOLE_STORAGE_READ
 

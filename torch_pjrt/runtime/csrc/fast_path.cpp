@@ -683,6 +683,7 @@ class CloneKernel : public FastKernel {
     const at::Tensor& self = args[0].toTensor();
     bool row_major = copies_row_major(self, args[1].toOptional<c10::MemoryFormat>());
     py::gil_scoped_acquire gil;
+    budget_safe_point();
     Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
     if (!row_major || !h) return slow(op, stack, 2);
     settle(h);
@@ -719,6 +720,7 @@ class ToCopyKernel : public FastKernel {
     if (self.device().type() != kPjrt || !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
         args[4].toOptional<bool>().value_or(false)) {
       py::gil_scoped_acquire gil;
+      budget_safe_point();  // a copy between devices (FastKernel's entry is the others' safe point)
       return slow(op, stack, 7);
     }
     FastKernel::operator()(op, keys, stack);
