@@ -65,7 +65,7 @@ def test_release_drops_maps():
 
 def test_a_cpp_kernel_call_is_a_safe_point():
     """A process whose calls all take C++ kernels (no Python kernel, no region run) still releases
-    when over its budget: every C++ kernel's entry checks (fast_path.cpp's release_if_due)."""
+    when over its budget: every C++ kernel's entry checks (fast_path.cpp's safe_point)."""
     x = torch.ones(4, device="pjrt")
     before = executable_budget.released()
     executable_budget._state["due"] = True

@@ -26,7 +26,7 @@ from jax.sharding import SingleDeviceSharding
 
 from ..dtypes import to_jax
 from ..runtime import fused, platform, storage
-from ..runtime.executable_budget import release_if_due
+from ..runtime.safe_point import safe_point
 from ..runtime.build import load as _load_runtime
 from . import stats
 from ..eager.graph import CPU, INT, OTHER, PJRT, GraphProgram, LoweringError, signature
@@ -146,7 +146,7 @@ class GraphRunner:
     def __call__(self, args: list):
         tensors = list(args)
         args.clear()  # boxed convention: free inputs as early as the graph allows
-        release_if_due()
+        safe_point()
         strategy = self.strategy
         fn, call_args, state = strategy.prepare(tensors)
         strategy.count_call()

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..ops.registry import LOWERINGS
 from ..ops.signature import Signature
-from ..runtime import storage
+from ..runtime import default_dtype, storage
 from ..runtime.fused import Recordable
 from .graph import GraphProgram, signature
 
@@ -36,6 +36,12 @@ MAX_SIGNATURES = 16
 
 _programs: dict = {}  # signature -> _Program, or None where the signature does not trace
 _signatures: collections.Counter = collections.Counter()  # op -> signatures traced
+
+
+@default_dtype.on_change
+def _forget_programs() -> None:  # make_fx traced them under another default dtype
+    _programs.clear()
+    _signatures.clear()
 
 
 def _signature(op, args, kwargs, layout: bool = False):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import executable_budget, fused, index_checks as bounds, storage
+from ..runtime import default_dtype, executable_budget, fused, index_checks as bounds, storage
 from ..runtime.fused import Pending, Recordable
 
 from . import errors, paths, stats
@@ -636,7 +636,7 @@ def register(special: dict) -> None:
     _rt.set_index_check_helpers(bounds._lock, bounds._seen, bounds._queued, bounds._nothing_seen,
                                 bounds.raise_pending, bounds.raise_if_found, bounds._MAX_QUEUED)
     _rt.set_growth_helpers(storage.Padded, PaddedOperand, storage.offset_operand)
-    _rt.set_executable_budget(executable_budget._state, executable_budget.release_if_due)
+    _rt.set_safe_point(executable_budget._state, executable_budget.release_if_due, default_dtype.check)
     _rt.set_fused(fused.enabled)
     for op, kernel in kernels.items():
         _install(op, kernel)

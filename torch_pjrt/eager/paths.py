@@ -23,7 +23,7 @@ import functools
 from typing import Callable
 
 from ..runtime import fused
-from ..runtime.executable_budget import release_if_due
+from ..runtime.safe_point import safe_point
 from ..runtime.build import load as _load_runtime
 from .errors import op_label
 
@@ -33,7 +33,7 @@ _python_kernels: collections.Counter = collections.Counter()
 def entered(name: str) -> None:
     """A call entered a Python kernel of op `name`."""
     _python_kernels[name] += 1
-    release_if_due()  # Python between calls: a safe point
+    safe_point()  # Python between calls: a safe point
 
 
 def counted(op, kernel: Callable) -> Callable:
@@ -44,7 +44,7 @@ def counted(op, kernel: Callable) -> Callable:
     @functools.wraps(kernel)
     def python_kernel(*args, **kwargs):
         _python_kernels[name] += 1
-        release_if_due()  # Python between calls: a safe point
+        safe_point()  # Python between calls: a safe point
         return kernel(*args, **kwargs)
 
     return python_kernel

@@ -42,7 +42,8 @@ import torch
 
 from . import platform
 from .build import load as _load_runtime
-from .executable_budget import release_if_due
+from . import default_dtype
+from .safe_point import safe_point
 
 log = logging.getLogger("torch_pjrt.fused")
 
@@ -403,10 +404,21 @@ def flush_all(reason: str = "synchronize") -> None:
             _flush_locked(region, reason)
 
 
+@default_dtype.on_change
+def _forget_traces() -> None:
+    """Calls' output shapes and regions' executables, traced under another default dtype."""
+    with _lock:
+        for table in (_shapes, _executables, _seen, _variants, _call_by_call, _compiled_last):
+            table.clear()
+
+
+default_dtype.set_flush(flush_all)
+
+
 def _flush_locked(region: Region, reason: str) -> None:
+    safe_point()  # before the test: a change of the default dtype runs this region itself
     if region.ran or not region.calls:
         return
-    release_if_due()
     if _load_runtime().run_cached_region(region, reason):  # a cached executable: run from C++
         return
     region.ran = True

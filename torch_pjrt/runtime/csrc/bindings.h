@@ -107,7 +107,7 @@ bool run_cached_region(PyObject* region, PyObject* reason);
 // End `region` at a sync point named `reason`: run_cached_region, else fused.end_region.
 void end_region(PyObject* region, PyObject* reason);
 // An executable-budget safe point (fast_path.cpp): release JAX's executables if due.
-void budget_safe_point();
+void safe_point();
 // A Pending's array, running its region first where it has not run (a sync point named `reason`,
 // "host read" when null), borrowed; nullptr where the region failed (its error was raised then).
 PyObject* pending_value(PyObject* pending, PyObject* reason = nullptr);
@@ -167,6 +167,7 @@ class CallRecorder {
   // never freed, as the kernels are not: their Python objects must outlive the interpreter's end
   std::unordered_map<std::vector<int64_t>, Signature, KeyHash>& signatures_ =
       *new std::unordered_map<std::vector<int64_t>, Signature, KeyHash>();
+  uint64_t generation_ = 0;  // forget_recorded_signatures() calls seen: a new one clears signatures_
   std::vector<int64_t> key_;      // scratch
   std::vector<PyObject*> leaves_;  // scratch: the call's operands (arrays and Pendings; null: a constant)
   PyObject* description_ = Py_None;
@@ -199,7 +200,9 @@ void register_to_copy_kernel(py::object run, py::object recorded, py::object slo
 // elements is read on the host; `slow` (transfer.local_scalar_dense, a Python number) serves the rest.
 void register_scalar_read_kernel(py::object slow, int64_t max_elements);
 // executable_budget.py's state dict and release_if_due: every C++ kernel's entry is a safe point.
-void set_executable_budget(py::dict state, py::object release_if_due);
+// Every recorder drops its signatures before its next call (traces made under another default dtype).
+void forget_recorded_signatures();
+void set_safe_point(py::dict budget_state, py::object release_if_due, py::object check_default_dtype);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
 // calls recorded in C++).
 py::dict fast_path_counts();

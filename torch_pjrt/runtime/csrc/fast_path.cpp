@@ -59,23 +59,34 @@ GrowthHelpers g_growth;
 
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
 
-// runtime/executable_budget.py: its state (a dict whose "due" says the process is over its budget)
-// and release_if_due. A C++ kernel's entry is a safe point (between calls, outside any trace), so
-// a process whose calls are all C++ still releases: the test costs a dict lookup.
+// A C++ kernel's entry is a safe point (between calls, outside any trace; runtime/safe_point.py):
+// runtime/executable_budget.py's state (a dict whose "due" says the process is over its budget)
+// and release_if_due, and runtime/default_dtype.py's check, called when torch's default dtype is
+// not the one traces were made with. So a process whose calls are all C++ still releases and
+// still sees a new default dtype: the tests cost a dict lookup and a compare.
 static PyObject* g_budget_state = nullptr;
 static PyObject* g_budget_release = nullptr;
 static PyObject* g_due = nullptr;  // interned "due"
+static PyObject* g_check_default_dtype = nullptr;
+static caffe2::TypeMeta g_traced_default_dtype;
 
-void budget_safe_point() {
+void safe_point() {
   if (!g_budget_state) return;
   PyObject* due = PyDict_GetItemWithError(g_budget_state, g_due);  // borrowed
-  if (due != Py_True) {
-    if (!due && PyErr_Occurred()) throw python_error();
-    return;
+  if (due == Py_True) {
+    PyObject* r = PyObject_CallNoArgs(g_budget_release);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+  } else if (!due && PyErr_Occurred()) {
+    throw python_error();
   }
-  PyObject* r = PyObject_CallNoArgs(g_budget_release);
-  if (!r) throw python_error();
-  Py_DECREF(r);
+  const caffe2::TypeMeta now = c10::get_default_dtype();
+  if (now != g_traced_default_dtype) {
+    PyObject* r = PyObject_CallNoArgs(g_check_default_dtype);
+    if (!r) throw python_error();
+    Py_DECREF(r);
+    g_traced_default_dtype = now;
+  }
 }
 
 struct IndexCheckHelpers {  // runtime/index_checks.py
@@ -262,7 +273,7 @@ class FastKernel : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = kinds_.size();
     py::gil_scoped_acquire gil;
-    budget_safe_point();
+    safe_point();
     py::object result, traits;
     int device = -1;
     padded_ = PaddedCall();
@@ -683,7 +694,7 @@ class CloneKernel : public FastKernel {
     const at::Tensor& self = args[0].toTensor();
     bool row_major = copies_row_major(self, args[1].toOptional<c10::MemoryFormat>());
     py::gil_scoped_acquire gil;
-    budget_safe_point();
+    safe_point();
     Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
     if (!row_major || !h) return slow(op, stack, 2);
     settle(h);
@@ -720,7 +731,7 @@ class ToCopyKernel : public FastKernel {
     if (self.device().type() != kPjrt || !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
         args[4].toOptional<bool>().value_or(false)) {
       py::gil_scoped_acquire gil;
-      budget_safe_point();  // a copy between devices (FastKernel's entry is the others' safe point)
+      safe_point();  // a copy between devices (FastKernel's entry is the others' safe point)
       return slow(op, stack, 7);
     }
     FastKernel::operator()(op, keys, stack);
@@ -742,7 +753,7 @@ class ScalarReadKernel : public FastKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const at::Tensor self = stack->back().toTensor();
     py::gil_scoped_acquire gil;
-    budget_safe_point();
+    safe_point();
     Holder* h = self.device().type() == kPjrt ? holder_of(self.storage()) : nullptr;
     settle(h);
     if (!h || !h->buffer || self.scalar_type() != h->dtype || self.is_conj() || self.is_neg() ||
@@ -880,9 +891,11 @@ void register_scalar_read_kernel(py::object slow, int64_t max_elements) {
   register_kernel("aten", "_local_scalar_dense", std::make_unique<ScalarReadKernel>(slow, max_elements));
 }
 
-void set_executable_budget(py::dict state, py::object release_if_due) {
-  g_budget_state = state.release().ptr();
+void set_safe_point(py::dict budget_state, py::object release_if_due, py::object check_default_dtype) {
+  g_budget_state = budget_state.release().ptr();
   g_budget_release = release_if_due.release().ptr();
+  g_check_default_dtype = check_default_dtype.release().ptr();
+  g_traced_default_dtype = c10::get_default_dtype();
   g_due = PyUnicode_InternFromString("due");
 }
 

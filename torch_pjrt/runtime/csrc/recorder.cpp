@@ -340,7 +340,7 @@ void call_method(PyObject* o, PyObject* name, PyObject* arg) {
 void end_region(PyObject* region, PyObject* reason) {
   {
     PyLockGuard lock(g_rec.lock);
-    budget_safe_point();
+    safe_point();
     if (run_cached_region(region, reason)) return;
   }
   PyObject* r = PyObject_CallFunctionObjArgs(g_rec.end_region, region, reason, nullptr);
@@ -511,6 +511,10 @@ bool CallRecorder::operand_key(PyObject* leaf) {
   return true;
 }
 
+static uint64_t g_signature_generation = 0;
+
+void forget_recorded_signatures() { g_signature_generation++; }
+
 size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const {
   size_t h = key.size();
   for (int64_t w : key) h ^= std::hash<int64_t>()(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
@@ -541,6 +545,10 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
       continue;
     }
     if (!operand_key(leaf)) return nullptr;
+  }
+  if (generation_ != g_signature_generation) {
+    signatures_.clear();
+    generation_ = g_signature_generation;
   }
   auto found = signatures_.find(key_);
   if (found == signatures_.end()) {
