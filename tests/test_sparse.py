@@ -10,6 +10,7 @@ eager mode.
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -92,6 +93,50 @@ def test_add_into_dense_and_sparse():
         torch.zeros(3, 3, dtype=torch.int64, device="pjrt").add_(p)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         dp.add_(s)  # a CPU sparse tensor into a pjrt tensor, as CUDA refuses it
+
+
+def _raises_like_cpu(call, s, p, *others):
+    """call(p, ...) on pjrt raises what call(s, ...) raises on the CPU (type and message)."""
+    with pytest.raises(Exception) as on_cpu:
+        call(s, *(o.cpu() if isinstance(o, torch.Tensor) else o for o in others))
+    with pytest.raises(type(on_cpu.value), match=f"^{re.escape(str(on_cpu.value))}$"):
+        call(p, *others)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_sub_mul_div_as_on_cpu(dtype):
+    """sparse - sparse (and dense - sparse); sparse * sparse (positions both hold, each coalesced
+    first), sparse * dense either side (a sparse product), sparse * / scalar; the errors CPU raises
+    for the rest (test_type_promotion's test_sparse_{add,sub,mul,div})."""
+    s, t = (coo() * 4).to(dtype), torch.sparse_coo_tensor(torch.tensor([[1, 0, 2], [0, 2, 2]]), torch.tensor([3, -2, 5]), (3, 3))
+    t = t.to(dtype)
+    d = torch.randn(3, 3, dtype=torch.float64)
+    p, q, dp = s.to("pjrt"), t.to("pjrt"), d.to("pjrt")
+    same(p - q, s - t)
+    same(dp - p, d - s)
+    same((p * q).to_dense(), (s * t).to_dense())  # (CPU keeps an explicit zero where only t holds one)
+    same(p * dp, s * d)
+    same(dp * p, d * s)
+    same(p * dp[0], s * d[0])  # a dense operand that broadcasts to the sparse one's shape
+    same(p * 2.5, s * 2.5)
+    same(p * torch.tensor(3, device="pjrt"), s * torch.tensor(3))
+    same(p / 2, s / 2)
+    same(torch.true_divide(p, 4), torch.true_divide(s, 4))
+    same(p.div(-3, rounding_mode="floor"), s.div(-3, rounding_mode="floor"))
+    same(dp.clone().mul_(p), d.clone().mul_(s))
+    same(dp.clone().sub_(p), d.clone().sub_(s))
+    if dtype.is_floating_point:
+        same(p.clone().mul_(q).to_dense(), s.clone().mul_(t).to_dense())
+        same(p.clone().div_(2), s.clone().div_(2))
+    else:
+        _raises_like_cpu(lambda a: a.clone().div_(2), s, p)
+        with pytest.raises(RuntimeError, match="^Can't convert result type Double to output Long"):
+            p.clone().mul_(dp.to_sparse())  # (CPU's message ends there or goes on "in mul operation", by path)
+    for call in (lambda a: a + 1, lambda a: a - 1, lambda a, b: a - b, lambda a, b: a / b, lambda a, b: b / a):
+        args = (dp,) if call.__code__.co_argcount == 2 else ()
+        _raises_like_cpu(call, s, p, *args)
+    bools = torch.sparse_coo_tensor(INDICES, INDICES[0] > 0, (3, 3))
+    _raises_like_cpu(lambda a: a - a, bools, bools.to("pjrt"))
 
 
 def test_sparse_mask_index_select_and_mm():

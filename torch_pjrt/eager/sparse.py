@@ -6,8 +6,9 @@ ATen's device-generic metadata kernels for it (runtime/csrc/sparse.cpp). The ops
 written in dense pjrt ops on indices and values, so they record and fuse like any other
 eager op. They cover what sparse gradients need (nn.Embedding / embedding_bag with
 sparse=True, and the sparse paths of SGD, Adagrad and SparseAdam: coalesce, add into dense,
-sparse_mask) plus to_dense, sparse + sparse, index_select, sparse @ dense and mul by a
-scalar. Every other op on the key raises fallback.refuse_sparse's error, which names it.
+sparse_mask) plus to_dense, sparse + sparse, sparse - sparse, index_select, sparse @ dense,
+mul by a scalar, a sparse or a dense tensor, and div by a scalar. Every other op on the key
+raises fallback.refuse_sparse's error, which names it.
 """
 from __future__ import annotations
 
@@ -76,13 +77,11 @@ def _name(dtype) -> str:
 def add_out(self, other, *, alpha=1, out):
     """add.out (add and add_ reach it through ATen's add_sparse/add_sparse_): dense + sparse
     scatters the values into a dense result; sparse + sparse concatenates (uncoalesced)."""
-    if not other.is_sparse:
+    if not (isinstance(other, torch.Tensor) and other.is_sparse):  # a wrapped number arrives as a Python number
         raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
     _check_same_device(self, other, out)
     _check_same_shape("add", self, other)
-    dtype = torch.result_type(self, other)
-    if not torch.can_cast(dtype, out.dtype):
-        raise RuntimeError(f"Can't convert result type {_name(dtype)} to output {_name(out.dtype)} in add operation")
+    dtype = _result_dtype("add", self, other, out)
     values = other._values().to(dtype)
     if alpha != 1:
         values = values * alpha
@@ -162,25 +161,127 @@ def index_select(self, dim, index):
     return _sparse(selected, values.index_select(0, nonzero), size, False)
 
 
+def _check_sub(self, other) -> None:
+    """ATen's sub_check: subtraction refuses bool operands."""
+    bools = [isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in (self, other)]
+    if all(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+                           "`logical_xor()` operator instead.")
+    if any(bools):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
+                           "invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
+def sub(self, other, *, alpha=1):
+    """add with -alpha, as ATen's sub_sparse (add's kernel then takes every layout combination)."""
+    _check_sub(self, other)
+    return torch.add(self, other, alpha=-alpha)
+
+
+def sub_(self, other, *, alpha=1):
+    _check_sub(self, other)
+    return self.add_(other, alpha=-alpha)
+
+
+def sub_out(self, other, *, alpha=1, out):
+    _check_sub(self, other)
+    return torch.add(self, other, alpha=-alpha, out=out)
+
+
+def _result_dtype(op: str, self, other, out) -> torch.dtype:
+    dtype = torch.result_type(self, other)
+    if not torch.can_cast(dtype, out.dtype):
+        raise RuntimeError(f"Can't convert result type {_name(dtype)} to output {_name(out.dtype)} in {op} operation")
+    return dtype
+
+
+def _scalar(x) -> bool:
+    """A Python number or a 0-dim dense tensor (what sparse mul and div take as a scalar)."""
+    return not isinstance(x, torch.Tensor) or (not x.is_sparse and x.dim() == 0)
+
+
+def _store(out, result):
+    """`result` (a COO tensor) written into `out`: a COO tensor takes it whole, a dense one its dense form."""
+    if not out.is_sparse:
+        return out.copy_(result.to_dense())
+    if result.dtype != out.dtype:
+        result = result.to(out.dtype)
+    out.resize_as_(result)
+    return out.copy_(result)
+
+
+def _intersection(self, other):
+    """Where two coalesced COO tensors of one shape both hold a value: self's positions kept, and
+    other's position at each."""
+    mine = _linear(self._indices(), self.shape[:self.sparse_dim()])
+    theirs = _linear(other._indices(), other.shape[:other.sparse_dim()])
+    if not theirs.numel():
+        return mine.new_zeros(0), mine.new_zeros(0)
+    at = torch.searchsorted(theirs, mine).clamp_(max=theirs.numel() - 1)
+    kept = (theirs[at] == mine).nonzero().reshape(-1)  # the one data-dependent step (a count read)
+    return kept, at[kept]
+
+
 def mul(self, other):
-    """A COO tensor times a scalar (a 0-dim tensor or a Python number), either side."""
-    if not (isinstance(self, torch.Tensor) and self.is_sparse):  # (a wrapped number arrives as a Python scalar)
+    """sparse * scalar scales the values; sparse * sparse keeps the positions both hold (coalesced
+    first, as CPU does); sparse * dense, either side, takes the dense values at the sparse positions,
+    so the product is sparse, as on CPU."""
+    if not (isinstance(self, torch.Tensor) and self.is_sparse):  # (a wrapped number arrives as a Python number)
         self, other = other, self
-    if isinstance(other, torch.Tensor) and (other.is_sparse or other.dim() > 0):
-        raise NotImplementedError("pjrt: aten::mul: on sparse tensors pjrt covers multiplication by a scalar only")
-    values = self._values() * other
-    return _sparse(self._indices().clone(), values, self.shape, self.is_coalesced())
+    _check_same_device(*(t for t in (self, other) if isinstance(t, torch.Tensor) and t.dim()))
+    dtype = torch.result_type(self, other)
+    indices, coalesced = self._indices(), self.is_coalesced()
+    if _scalar(other):
+        values = self._values() * other
+    elif other.is_sparse:
+        if self.shape != other.shape or self.sparse_dim() != other.sparse_dim():
+            raise RuntimeError("sparse_binary_op_intersection_cpu(): expects sparse inputs with equal dimensionality, "
+                               "number of sparse dimensions, and shape of sparse dimensions")
+        self, other = self.coalesce(), other.coalesce()
+        kept, at = _intersection(self, other)
+        indices = self._indices().index_select(1, kept)
+        values = self._values().index_select(0, kept) * other._values().index_select(0, at)
+        coalesced = True
+    else:
+        shape = (torch.empty(self.shape, device="meta") * torch.empty(other.shape, device="meta")).shape  # CPU's check
+        if shape != self.shape:
+            raise NotImplementedError(f"pjrt: aten::mul: a sparse tensor of shape {list(self.shape)} times a dense one "
+                                      f"that broadcasts it to {list(shape)} is not supported on pjrt devices")
+        values = self._values() * other.expand(self.shape)[tuple(indices)]
+    return _sparse(indices.clone(), values.to(dtype), self.shape, coalesced)
 
 
 def mul_out(self, other, *, out):
-    product = mul(self, other)
-    if product.dtype != out.dtype:
-        raise RuntimeError(f"result type {product.dtype} can't be cast to the desired output type {out.dtype}")
-    return out.copy_(product)
+    _result_dtype("mul", self, other, out)
+    return _store(out, mul(self, other))
 
 
 def mul_(self, other):
     return mul_out(self, other, out=self)
+
+
+def div(self, other, *, rounding_mode=None):
+    """A COO tensor divided by a scalar (a number or a 0-dim dense tensor), as on CPU."""
+    if not (isinstance(self, torch.Tensor) and self.is_sparse and _scalar(other)):
+        divisor = other if isinstance(other, torch.Tensor) and (other.is_sparse or other.dim()) else self
+        raise RuntimeError(f"Sparse division requires a scalar or zero-dim dense tensor divisor (got shape "
+                           f"{list(divisor.shape)} for divisor)")
+    if rounding_mode is not None:  # rounding each duplicate is not rounding their sum: CPU coalesces first
+        self = self.coalesce()
+    values = torch.div(self._values(), other, rounding_mode=rounding_mode)
+    return _sparse(self._indices().clone(), values, self.shape, self.is_coalesced())
+
+
+def div_out(self, other, *, rounding_mode=None, out):
+    quotient = div(self, other, rounding_mode=rounding_mode)
+    if not torch.can_cast(quotient.dtype, out.dtype):
+        raise RuntimeError(f"result type {_name(quotient.dtype)} can't be cast to the desired output type "
+                           f"{_name(out.dtype)}")
+    return _store(out, quotient)
+
+
+def div_(self, other, *, rounding_mode=None):
+    return div_out(self, other, rounding_mode=rounding_mode, out=self)
 
 
 def to_sparse(self, *, layout=None, blocksize=None, dense_dim=None):
@@ -237,9 +338,11 @@ class _EmbeddingBagBackward:
 def register() -> None:
     global _library
     _library = torch.library.Library("aten", "IMPL")
-    for name, kernel in (("_coalesce", _coalesce), ("add.out", add_out), ("sparse_mask", sparse_mask),
-                         ("addmm", addmm), ("index_select", index_select), ("mul.Tensor", mul),
-                         ("mul_.Tensor", mul_), ("mul.out", mul_out)):
+    for name, kernel in (("_coalesce", _coalesce), ("add.out", add_out), ("sub.out", sub_out), ("sub.Tensor", sub),
+                         ("sub_.Tensor", sub_), ("sparse_mask", sparse_mask), ("addmm", addmm),
+                         ("index_select", index_select), ("mul.Tensor", mul), ("mul_.Tensor", mul_), ("mul.out", mul_out),
+                         ("div.Tensor", div), ("div_.Tensor", div_), ("div.out", div_out), ("div.Tensor_mode", div),
+                         ("div_.Tensor_mode", div_), ("div.out_mode", div_out)):
         _library.impl(name, kernel, "SparsePrivateUse1")
     for name, kernel in (("_to_sparse", to_sparse), ("_to_sparse.sparse_dim", to_sparse_dim)):
         _library.impl(name, kernel, "PrivateUse1")  # a dense pjrt tensor to COO
