@@ -334,6 +334,15 @@ def test_randperm_is_a_permutation_of_cpus_dtype_and_shape(dtype):
         assert _is_permutation(actual, n)
 
 
+def test_randperm_is_uniform():
+    """Each of the 6 permutations of 3 about equally often (one sort by 64-bit random keys)."""
+    import collections
+
+    torch.manual_seed(0)
+    counts = collections.Counter(tuple(torch.randperm(3, device=DEV).tolist()) for _ in range(1200))
+    assert len(counts) == 6 and all(140 < c < 260 for c in counts.values()), counts
+
+
 def test_randperm_out_and_generator():
     out = torch.empty(50, dtype=torch.int32, device=DEV)
     with no_fallback():

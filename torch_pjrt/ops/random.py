@@ -193,7 +193,10 @@ def _permutation(seed, n: int, dtype):
               "float64": (2**53 + 1, "2^53+1", "Double")}
     if name in limits and n > limits[name][0]:
         raise RuntimeError(f"n cannot be greater than {limits[name][1]} for {limits[name][2]} type.")
-    return jax.random.permutation(key(seed), n).astype(dtype)
+    # one sort by 64-bit random keys (ties, about n^2 / 2^65 of them, keep index order): jax.random.permutation
+    # sorts by 32-bit keys in rounds, three for 2^25 elements, three times the time on XLA's CPU sort
+    bits = jax.random.bits(key(seed), (n,), jnp.uint64)
+    return jax.lax.sort_key_val(bits, jnp.arange(n, dtype=jnp.int64))[1].astype(dtype)
 
 
 @lowering(aten.randperm.generator)
