@@ -1,7 +1,9 @@
 """torch_pjrt/tools/pytorch_tests.py (PyTorch's device-generic test files on pjrt and CPU) on a
 small device-generic file written here: outcomes paired across devices, a crash recorded and
 the run resumed after it, a decorator's device restriction (or a dtype instantiated only for the CPU) kept out of the rate, an
-index error pjrt queues failing the test that queued it."""
+index error pjrt queues failing the test that queued it, a file's classes that are not
+device-generic counted nowhere, a package of test/ the file imports copied beside it, and a
+file that does not import reported with its error instead of a rate."""
 import json
 import textwrap
 
@@ -12,11 +14,17 @@ import os
 import torch
 from torch.testing._internal.common_device_type import dtypes, dtypesIfCPU, instantiate_device_type_tests, onlyCPU
 from torch.testing._internal.common_utils import TestCase, run_tests
+from helpers.values import TWO  # a package of test/ the file imports: copied beside it
+
+
+class TestPlain(TestCase):  # not device-generic: runs on the CPU in both runs, counted in neither
+    def test_plain(self):
+        pass
 
 
 class TestTiny(TestCase):
     def test_add(self, device):
-        self.assertEqual(torch.ones(2, device=device) + 1, torch.full((2,), 2.0, device=device))
+        self.assertEqual(torch.ones(2, device=device) + 1, torch.full((2,), TWO, device=device))
 
     def test_fails_on_pjrt(self, device):
         self.assertEqual(torch.device(device).type, "cpu")
@@ -54,7 +62,10 @@ if __name__ == "__main__":
 def test_pairs_outcomes_and_survives_a_crash(tmp_path):
     (tmp_path / "repo" / "test").mkdir(parents=True)
     (tmp_path / "repo" / "test" / "test_tiny.py").write_text(textwrap.dedent(TINY))
-    pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_tiny", "--timeout", "120",
+    (tmp_path / "repo" / "test" / "helpers").mkdir()
+    (tmp_path / "repo" / "test" / "helpers" / "values.py").write_text("TWO = 2.0\n")
+    (tmp_path / "repo" / "test" / "test_broken.py").write_text("from torch.testing._internal.common_utils import no_such\n")
+    pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_tiny,test_broken", "--timeout", "120",
                         "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "out.md")])
     result = json.loads((tmp_path / "out.json").read_text())["results"]["test_tiny"]
     # test_only_cpu and test_dtypes_float64 are restricted to the CPU by their decorators
@@ -65,4 +76,7 @@ def test_pairs_outcomes_and_survives_a_crash(tmp_path):
         "test_crashes_on_pjrt", "test_fails_on_pjrt", "test_leaves_an_index_error_queued"]
     assert "IndexError" in result["failures"][next(k for k in result["failures"] if "queued" in k)]["message"]
     assert [k.split("::")[-1] for k in result["crashes"]] == ["test_crashes_on_pjrt"]
-    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 0 |" in (tmp_path / "out.md").read_text()
+    report = (tmp_path / "out.md").read_text()
+    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 0 |" in report
+    # a file that does not import is said so, with its error, and has no rate
+    assert "| test_broken | did not import: ImportError: cannot import name 'no_such'" in report

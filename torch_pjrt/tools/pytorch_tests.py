@@ -8,7 +8,12 @@ gives one holding commit 54a673bd). Its test files are not in the wheel and are 
 committed here: each is copied from PATH into a scratch folder and run with pytest twice,
 once per device (`PYTORCH_TESTING_DEVICE_ONLY_FOR`, so `instantiate_device_type_tests`
 instantiates only that device's class), against the installed torch. `--select` runs only the
-tests a pytest `-k` expression selects (e.g. "padding_idx", to time a few).
+tests a pytest `-k` expression selects (e.g. "padding_idx", to time a few). Only the
+device-generic tests count (a file's other classes, TestAutograd or TestNN, run on the CPU
+whatever the device); a file that does not import is reported with its error. The snapshot's
+files (July 2023) import a few names torch's testing internals dropped since: the plugin
+defines them as they were (`_DROPPED`), and the packages of test/ a file imports (test_autograd's
+`autograd/`) are copied beside it.
 
 A small pytest plugin in the scratch folder records each test's outcome and duration as it
 finishes and puts every test under `signal.alarm(timeout)`. A run that dies (a crash) or hangs
@@ -37,11 +42,33 @@ DEFAULT_FILES = ("test_torch", "test_view_ops", "test_indexing", "test_scatter_g
                  "test_nn", "nn/test_embedding", "nn/test_convolution", "nn/test_pooling", "nn/test_dropout",
                  "nn/test_multihead_attention", "nn/test_packed_sequence")
 SLOW_SECONDS = 60.0
+DEVICE_CLASS = {"cpu": "CPU", "pjrt": "PRIVATEUSE1 or PJRT"}  # pytest -k: a device's instantiated classes
 
 _PLUGIN = '''
 import json, os, signal
 
 import pytest
+
+# The snapshot's test files (commit 54a673bd, July 2023) import a few names torch's testing internals
+# have dropped since; each is defined as it was then, where that meaning holds for this run (no MPS,
+# no CUDA), so the files import against the installed torch.
+import torch.testing._internal.common_cuda as _common_cuda
+import torch.testing._internal.common_methods_invocations as _methods
+import torch.testing._internal.common_nn as _common_nn
+import torch.testing._internal.common_utils as _common_utils
+
+_DROPPED = {
+    (_common_utils, "skipIfMps"): lambda: (lambda fn: fn),  # skips on MPS only
+    (_common_cuda, "tf32_is_not_fp32"): lambda: (lambda: False),  # TF32 is a CUDA mode
+    (_common_nn, "new_module_tests"): lambda: _common_nn.get_new_module_tests(),
+    (_methods, "binary_ufuncs_and_refs"): lambda: tuple(
+        op for op in _methods.op_db + _methods.python_ref_db
+        if isinstance(op, __import__("torch.testing._internal.opinfo.core", fromlist=["x"]).BinaryUfuncInfo)),
+    (_methods, "foreach_lerp_op_db"): lambda: [op for op in _methods.foreach_other_op_db if op.name == "_foreach_lerp"],
+}
+for (_module, _name), _value in _DROPPED.items():
+    if not hasattr(_module, _name):
+        setattr(_module, _name, _value())
 
 _LOG = os.environ["PJRT_TESTS_LOG"]
 _TIMEOUT = int(os.environ.get("PJRT_TESTS_TIMEOUT", "60"))
@@ -100,18 +127,34 @@ def pytest_runtest_logreport(report):
 
 
 def _copy_tests(pytorch: Path, commit: str | None, files: list[str], scratch: Path) -> None:
-    """test/<file>.py for each file, from a git directory (at `commit`) or a work tree."""
+    """test/<file>.py for each file, from a git directory (at `commit`) or a work tree, with the
+    packages of test/ it imports (test_autograd's `autograd.test_complex`...)."""
+    git_dir = pytorch if (pytorch / "objects").exists() else pytorch / ".git"
+
+    def read(path: str) -> bytes | None:
+        if (pytorch / path).is_file():
+            return (pytorch / path).read_bytes()
+        shown = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit or 'HEAD'}:{path}"], capture_output=True)
+        return shown.stdout if shown.returncode == 0 else None
+
+    def listing(folder: str) -> list[str]:
+        if (pytorch / folder).is_dir():
+            return [str(p.relative_to(pytorch)) for p in (pytorch / folder).glob("*.py")]
+        shown = subprocess.run(["git", f"--git-dir={git_dir}", "ls-tree", "--name-only", f"{commit or 'HEAD'}",
+                                f"{folder}/"], capture_output=True, text=True)
+        return [p for p in shown.stdout.split() if p.endswith(".py")] if shown.returncode == 0 else []
+
     for name in files:
+        source = read(f"test/{name}.py")
+        if source is None:
+            raise FileNotFoundError(f"test/{name}.py is not in {pytorch} (commit {commit or 'HEAD'})")
         target = scratch / f"{name}.py"
         target.parent.mkdir(parents=True, exist_ok=True)
-        source = pytorch / "test" / f"{name}.py"
-        if source.exists():
-            shutil.copy(source, target)
-            continue
-        git_dir = pytorch if (pytorch / "objects").exists() else pytorch / ".git"
-        blob = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit or 'HEAD'}:test/{name}.py"],
-                              capture_output=True, check=True).stdout
-        target.write_bytes(blob)
+        target.write_bytes(source)
+        for package in set(re.findall(rb"^from (\w+)\.\w+ import", source, re.M)):
+            for path in listing(f"test/{package.decode()}"):
+                (scratch / path[len("test/"):]).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / path[len("test/"):]).write_bytes(read(path))
     (scratch / "conftest.py").write_text(_PLUGIN)
 
 
@@ -147,16 +190,24 @@ def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
                    "PJRT_TESTS_TIMEOUT": str(timeout)}
     done: dict = {"collected": set()}
     deadline = time.monotonic() + budget
+    # only the device-generic tests (the device's instances: class TestFooCPU, TestFooPRIVATEUSE1); a
+    # file's other classes (TestAutograd, TestNN) run on the CPU whatever the device
+    keyword = DEVICE_CLASS[device] if not select else f"({select}) and ({DEVICE_CLASS[device]})"
     while True:
         deselect = [arg for test in done if test != "collected" for arg in ("--deselect", test)]
         command = [sys.executable, "-m", "pytest", f"{name}.py", "-q", "-p", "no:cacheprovider", *deselect,
-                   *(("-k", select) if select else ())]
+                   "-k", keyword]
         try:
-            status = subprocess.run(command, cwd=scratch, env=environment, capture_output=True,
-                                    timeout=max(deadline - time.monotonic(), 1)).returncode
+            run = subprocess.run(command, cwd=scratch, env=environment, capture_output=True, text=True,
+                                 timeout=max(deadline - time.monotonic(), 1))
+            status = run.returncode
         except subprocess.TimeoutExpired:
             status = "killed"
         results, last = _records(log)
+        if status == 2 and not results["collected"] and not done["collected"]:  # did not import: say why
+            errors = [line[1:].strip() for line in run.stdout.splitlines() if line.startswith("E ")]
+            done["collection_error"] = errors[-1] if errors else " ".join(run.stdout.strip().splitlines()[-1:])
+            return done
         collected = done["collected"] | results.pop("collected")
         done.update(results)
         done["collected"] = collected
@@ -179,6 +230,12 @@ def _key(test: str, device: str) -> str:
     return head + tail if sep else test
 
 
+def _generic(test: str, device: str) -> bool:
+    """A device-generic test's instance for `device` (its class named for the device)."""
+    suffix = ("CPU",) if device == "cpu" else ("PRIVATEUSE1", "PJRT")
+    return test != "collected" and any(f"{s}::" in test for s in suffix)
+
+
 def _device_restricted(record: dict) -> bool:
     """A skip that torch's decorators give tests written for other devices (onlyCPU, onlyCUDA...)."""
     return record.get("outcome") == "skipped" and bool(re.search(r"[Oo]nly runs on|onlyNativeDeviceTypes|"
@@ -189,9 +246,13 @@ def compare(cpu: dict, pjrt: dict) -> dict:
     """The pjrt pass rate over the tests that pass on the CPU, less those torch's own
     decorators restrict to other devices (counted apart, as `device_restricted`: skipped on
     pjrt, or never instantiated for it, as a dtype only `dtypesIfCPU` lists)."""
-    cpu = {t: r for t, r in cpu.items() if t != "collected"}
-    collected = {_key(t, "pjrt") for t in pjrt.get("collected", ())}
-    pjrt_by_key = {_key(t, "pjrt"): r for t, r in pjrt.items() if t != "collected"}
+    error = cpu.get("collection_error") or pjrt.get("collection_error")
+    if error:
+        return {"collection_error": str(error), "cpu_passing": 0, "pjrt_passing": 0, "failures": {}, "slow": {},
+                "device_restricted": 0, "crashes": [], "pjrt_only_passing": 0}
+    cpu = {t: r for t, r in cpu.items() if _generic(t, "cpu")}
+    collected = {_key(t, "pjrt") for t in pjrt.get("collected", ()) if _generic(t, "pjrt")}
+    pjrt_by_key = {_key(t, "pjrt"): r for t, r in pjrt.items() if _generic(t, "pjrt")}
     cpu_by_key = {_key(t, "cpu"): r for t, r in cpu.items()}
     restricted = {k for k, r in pjrt_by_key.items() if _device_restricted(r)}
     if collected:
@@ -228,6 +289,9 @@ def report(results: dict, command: str) -> str:
     for name, r in results.items():
         total_cpu += r["cpu_passing"]
         total_pjrt += r["pjrt_passing"]
+        if r.get("collection_error"):  # counted nowhere: a file that does not import has no rate
+            lines.append(f"| {name} | did not import: {r['collection_error'][:150].replace('|', '/')} | | | | | |")
+            continue
         rate = r["pjrt_passing"] / r["cpu_passing"] if r["cpu_passing"] else 1.0
         lines.append(f"| {name} | {r['cpu_passing']} | {r['pjrt_passing']} | {rate:.1%} | {r['device_restricted']} | "
                      f"{len(r['crashes'])} | {len(r['slow'])} |")
@@ -267,6 +331,9 @@ def main(argv: list[str] | None = None) -> None:
             raw[name] = by_device
             results[name] = compare(by_device["cpu"], by_device["pjrt"])
             r = results[name]
+            if r.get("collection_error"):
+                print(f"{name}: did not import: {r['collection_error']}", flush=True)
+                continue
             print(f"{name}: {r['pjrt_passing']}/{r['cpu_passing']} of the CPU-passing tests pass on pjrt, "
                   f"{len(r['crashes'])} crashes, {len(r['slow'])} over 60 s", flush=True)
     command = "python -m torch_pjrt.tools.pytorch_tests " + " ".join(argv if argv is not None else sys.argv[1:])
