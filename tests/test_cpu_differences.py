@@ -653,3 +653,15 @@ def test_range_factories_fill_out_in_its_own_shape(name, out):
         return torch.cat([base.flatten(), result.flatten(), torch.tensor(result.shape, device=d)])
 
     _same_as_cpu(call)
+
+
+# --------------------------------------------------------------------------- linspace's step
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize("steps", [25, 50, 77])
+def test_linspace_divides_by_steps_as_cpu(dtype, steps):
+    # XLA rewrote (end - start) / (steps - 1) into a product with the reciprocal, one ulp low:
+    # torch.linspace(1, 127, 50, dtype=int) gave 54 at index 21 where CPU (and numpy) give 55
+    # (test_tensor_creation_ops' test_linspace_vs_numpy_integral)
+    _same_as_cpu(lambda d: torch.linspace(1, 127, steps, dtype=dtype, device=d))
+    _same_as_cpu(lambda d: torch.linspace(-3, 90.5 if dtype.is_floating_point else 90, steps, dtype=dtype, device=d)
+                 if dtype != torch.uint8 else torch.linspace(0, 100, steps, dtype=dtype, device=d))

@@ -378,7 +378,10 @@ def _linspace_exponents(start, end, steps, dtype):
     end = convert(convert(jnp.asarray(end).reshape(()), dtype), step_dt)
     if steps <= 1:
         return jnp.broadcast_to(start, (steps,)), step_dt
-    step = (end - start) / (steps - 1)
+    # steps - 1 is a constant of the trace, and XLA's simplifier rewrites a division by a
+    # constant into a product with its reciprocal (126 / 49 one ulp low, so an int linspace
+    # truncated 54.99.. to 54 where CPU gives 55); the barrier keeps a true division
+    step = (end - start) / jax.lax.optimization_barrier(jnp.asarray(steps - 1, step_dt))
     i = jnp.arange(steps, dtype=INT64)
     lo = start + step * i.astype(step_dt)
     hi = end - step * (steps - 1 - i).astype(step_dt)
