@@ -665,3 +665,38 @@ def test_linspace_divides_by_steps_as_cpu(dtype, steps):
     _same_as_cpu(lambda d: torch.linspace(1, 127, steps, dtype=dtype, device=d))
     _same_as_cpu(lambda d: torch.linspace(-3, 90.5 if dtype.is_floating_point else 90, steps, dtype=dtype, device=d)
                  if dtype != torch.uint8 else torch.linspace(0, 100, steps, dtype=dtype, device=d))
+
+
+# --------------------------------------------------------------------------- random_'s range
+RANDOM_RANGE_ERRORS = {
+    "from below int8": lambda d: torch.empty(10, dtype=torch.int8, device=d).random_(-200, 5),
+    "to past uint8": lambda d: torch.empty(10, dtype=torch.uint8, device=d).random_(0, 300),
+    "from not below to": lambda d: torch.empty(10, device=d).random_(5, 2),
+    "to of zero": lambda d: torch.empty(10, dtype=torch.int32, device=d).random_(0),
+    "bool from 2": lambda d: torch.empty(10, dtype=torch.bool, device=d).random_(2, 5),
+    "float from past its range": lambda d: torch.empty(10, dtype=torch.float16, device=d).random_(-2**40, 0),
+}
+
+
+@pytest.mark.parametrize("name", RANDOM_RANGE_ERRORS)
+def test_random_range_errors(name):
+    # pjrt drew integers from any range, outside the dtype's too (test_random_from_to, test_random_to)
+    assert_raises_like_cpu(RANDOM_RANGE_ERRORS[name], name)
+
+
+def test_random_warns_past_a_floats_exact_integers_on_every_call():
+    t = torch.empty(10, device="pjrt")
+    for _ in range(2):  # the second call reuses the first's executable: the check is per call
+        with pytest.warns(UserWarning, match=r"to - 1 is out of bounds \[-\(2\^24\), 2\^24\]"):
+            t.random_(0, 2**40)
+
+
+@pytest.mark.parametrize("dtype, bounds", [(torch.int64, (-2**63, None)), (torch.int64, (5, None)), (torch.int64, ()),
+                                           (torch.int64, (-2**63, 2**63 - 1)), (torch.uint8, (3, None)),
+                                           (torch.float32, (-2**24, None)), (torch.int8, ())])
+def test_random_over_the_whole_range_of_a_dtype(dtype, bounds):
+    # random_(int64 min, None) raised OverflowError (the bound 2^63 passed through int64)
+    t = torch.empty(4000, dtype=dtype, device="pjrt").random_(*bounds).cpu().double()
+    low = bounds[0] if bounds else 0
+    high = {torch.int64: 2**63 - 1, torch.uint8: 255, torch.int8: 127, torch.float32: 2**24}[dtype]
+    assert low <= t.min() < low + (high - low) * 0.01 and high - (high - low) * 0.01 < t.max() <= high

@@ -154,31 +154,44 @@ def _random_ints(seed, shape, low, high, dtype):
     """Integers uniform in [low, high) (float dtypes hold integers, as torch's random_ does)."""
     _refuse_complex(types.SimpleNamespace(dtype=dtype), "random_")
     bits = jax.random.bits(key(seed), shape, jnp.uint64)
-    span = (jnp.asarray(high, jnp.int64) - low).astype(jnp.uint64)
-    return (low + (bits % span).astype(jnp.int64)).astype(dtype)
+    # low and high are static Python ints; the span reaches 2^64 (random_(-2**63) of int64) and
+    # high 2^63, past int64, so the sum is taken modulo 2^64 and read back as int64
+    span = high - low
+    offset = bits if span == 2**64 else bits % np.uint64(span)
+    return jax.lax.bitcast_convert_type(offset + np.uint64(low % 2**64), jnp.int64).astype(dtype)
 
 
 def _max_of(dtype) -> int:
     if dtype == jnp.bool_:
         return 2
     if jnp.issubdtype(dtype, jnp.integer):
-        return int(jnp.iinfo(dtype).max) + 1
+        return int(jnp.iinfo(dtype).max) + 1  # 2^63 for int64: _random_ints takes it modulo 2^64
     return 2 ** int(jnp.finfo(dtype).nmant + 1) + 1
 
 
-@lowering(getattr(aten.random_, "from"))
+def _random_bounds_as_cpu(values) -> bool:
+    """random_'s from/to checks, per call (its executable is cached by from and to, so a check
+    in the lowering would run once): CPU's kernel on an empty tensor of self's dtype raises its
+    errors ("from is out of bounds for ...", "random_ expects 'from' to be less than 'to'") and
+    gives its warnings (a float dtype's exact-integer range) before it looks at the data."""
+    self, *bounds = values[:-1]  # the last is the generator
+    torch.empty(0, dtype=self.dtype).random_(*bounds)
+    return True
+
+
+@lowering(getattr(aten.random_, "from"), in_range=_random_bounds_as_cpu)
 def random_from_(self, from_, to, *, generator=None):
     return _random_ints(generator, self.shape, from_, _max_of(self.dtype) if to is None else to, self.dtype)
 
 
-@lowering(aten.random_.to)
+@lowering(aten.random_.to, in_range=_random_bounds_as_cpu)
 def random_to_(self, to, *, generator=None):
     return _random_ints(generator, self.shape, 0, to, self.dtype)
 
 
 @lowering(aten.random_.default)
 def random_(self, *, generator=None):
-    return _random_ints(generator, self.shape, 0, _max_of(self.dtype) if self.dtype != jnp.int64 else 2**63 - 1, self.dtype)
+    return _random_ints(generator, self.shape, 0, _max_of(self.dtype), self.dtype)
 
 
 def _permutation(seed, n: int, dtype):
