@@ -139,6 +139,47 @@ def test_sub_mul_div_as_on_cpu(dtype):
     _raises_like_cpu(lambda a: a - a, bools, bools.to("pjrt"))
 
 
+def test_sparse_mask_of_a_sparse_tensor_and_its_projection():
+    """sparse_mask of a sparse self (duplicates summed, zero where self holds nothing) and
+    _sparse_mask_projection (self's indices kept, values outside mask zeroed): the backward of
+    sparse_mask and of a sparse constructor (test_autograd's test_sparse_mask_autograd and
+    test_sparse_ctor_getter_backward)."""
+    s = coo(dense=(2,))
+    mask = torch.sparse_coo_tensor(torch.tensor([[1, 2, 0], [0, 2, 1]]), torch.ones(3, 2), (3, 3, 2)).coalesce()
+    p, m = s.to("pjrt"), mask.to("pjrt")
+    same(p.sparse_mask(m), s.sparse_mask(mask))
+    same(p._sparse_mask_projection(m), s._sparse_mask_projection(mask))
+    x = torch.randn(3, 3, 2, dtype=torch.float64)
+    xp = x.to("pjrt").requires_grad_()
+    x.requires_grad_()
+    x.sparse_mask(mask.to(torch.float64)).to_dense().sum().backward()
+    xp.sparse_mask(m.to(torch.float64)).to_dense().sum().backward()
+    same(xp.grad, x.grad)
+
+    def through_a_sparse_tensor(values, device):
+        y = (torch.sparse_coo_tensor(INDICES.to(device), values, (3, 3)) + coo().to(device)).coalesce()
+        return torch.sparse_coo_tensor(y.indices(), y.values().tanh(), y.size()).coalesce().values()
+
+    values = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    values_p = values.detach().to("pjrt").requires_grad_()
+    through_a_sparse_tensor(values, "cpu").sum().backward()
+    through_a_sparse_tensor(values_p, "pjrt").sum().backward()
+    same(values_p.grad, values.grad)
+
+
+def test_no_sparse_dim():
+    """A COO tensor with no sparse dim (each value is the whole tensor): coalesce sums them, add
+    into dense and sparse_mask as on the CPU."""
+    s = torch.sparse_coo_tensor(torch.zeros(0, 5, dtype=torch.long), torch.randn(5, 2, dtype=torch.float64), (2,))
+    p = s.to("pjrt")
+    same(p.coalesce(), s.coalesce())
+    d = torch.randn(2, dtype=torch.float64)
+    same(d.to("pjrt") + p, d + s)
+    same(d.to("pjrt").sparse_mask(p.coalesce()), d.sparse_mask(s.coalesce()))
+    with pytest.raises(RuntimeError, match="^dense_to_sparse: sparse_dim argument must be in >0 when self.dim"):
+        d.to("pjrt").to_sparse(0)  # CPU's error
+
+
 def test_sparse_mask_index_select_and_mm():
     s = coo(dense=(2,))
     d = torch.randn(3, 3, 2, dtype=torch.float64)

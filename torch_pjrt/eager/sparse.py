@@ -30,12 +30,22 @@ def _linear(indices, sizes):
     return position
 
 
+def _at(dense, indices):
+    """dense's values at a COO tensor's indices: (nnz, dense dims...). With no sparse dim, each of
+    the nnz values is the whole tensor."""
+    if indices.shape[0] == 0:
+        return dense.unsqueeze(0).expand((indices.shape[1],) + tuple(dense.shape)).clone()
+    return dense[tuple(indices)]
+
+
 def _coalesce(self):
     """Duplicates summed, indices sorted row-major (as CPU's coalesce)."""
     sparse_dim, size = self.sparse_dim(), self.shape
     indices, values = self._indices(), self._values()
-    if self._nnz() < 2 or sparse_dim == 0:
+    if self._nnz() < 2:
         return _sparse(indices.clone(), values.clone(), size, True)
+    if sparse_dim == 0:  # every value is at the one position: their sum
+        return _sparse(indices[:, :1].clone(), values.sum(0, keepdim=True), size, True)
     # sorted positions (stable: duplicates keep their order, so each sum adds in CPU's order), each
     # run of equal positions one output row; the masked index of the runs' first elements is the
     # only data-dependent step (one count read). torch.unique here ran jnp.unique primitive by
@@ -92,7 +102,10 @@ def add_out(self, other, *, alpha=1, out):
             out.resize_(self.shape)
             out.copy_(self)
         if other._nnz():
-            out.index_put_(tuple(other._indices()), values.to(out.dtype), accumulate=True)
+            if other.sparse_dim():
+                out.index_put_(tuple(other._indices()), values.to(out.dtype), accumulate=True)
+            else:  # each value is the whole tensor
+                out.add_(values.sum(0).to(out.dtype))
         return out
     if self.sparse_dim() != other.sparse_dim() or self.dense_dim() != other.dense_dim():
         raise RuntimeError(f"add: expected both tensors to have the same sparse_dim ({self.sparse_dim()} vs "
@@ -110,13 +123,27 @@ def add_out(self, other, *, alpha=1, out):
 
 
 def sparse_mask(self, mask):
-    """self's values at mask's indices, in mask's order (self dense)."""
+    """self's values at mask's indices, in mask's order; a sparse self's duplicates summed, and zero
+    where it holds nothing (sparse_mask's backward of a sparse gradient, torch.sparse ops)."""
     _check_same_device(self, mask)
     if self.shape != mask.shape:
         raise RuntimeError(f"sparse_mask(): operands have incompatible sizes; self has size {list(self.shape)} "
                            f"but mask has size {list(mask.shape)}")
     indices = mask._indices()
-    return _sparse(indices.clone(), self[tuple(indices)], mask.shape, mask.is_coalesced())
+    values = self.to_dense() if self.is_sparse else self
+    return _sparse(indices.clone(), _at(values, indices), mask.shape, mask.is_coalesced())
+
+
+def sparse_mask_projection(self, mask, accumulate_matches=False):
+    """_sparse_mask_projection (sparse_mask's backward), as CPU's: self (sparse) keeps its own indices;
+    each value stays where mask holds its position, and is zero elsewhere."""
+    _check_same_device(self, mask)
+    dims = self.shape[:self.sparse_dim()]
+    kept = torch.isin(_linear(self._indices(), dims), _linear(mask._indices(), dims))
+    values = self._values()
+    kept = kept.reshape((-1,) + (1,) * (values.dim() - 1))
+    return _sparse(self._indices().clone(), torch.where(kept, values, torch.zeros_like(values)), self.shape,
+                   self.is_coalesced())
 
 
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
@@ -247,7 +274,7 @@ def mul(self, other):
         if shape != self.shape:
             raise NotImplementedError(f"pjrt: aten::mul: a sparse tensor of shape {list(self.shape)} times a dense one "
                                       f"that broadcasts it to {list(shape)} is not supported on pjrt devices")
-        values = self._values() * other.expand(self.shape)[tuple(indices)]
+        values = self._values() * _at(other.expand(self.shape), indices)
     return _sparse(indices.clone(), values.to(dtype), self.shape, coalesced)
 
 
@@ -296,11 +323,13 @@ def to_sparse_dim(self, sparse_dim):
     """_to_sparse.sparse_dim: the nonzero slices over the first sparse_dim dimensions."""
     if not 0 <= sparse_dim <= self.dim():
         raise RuntimeError(f"sparse_dim argument must be in [0, {self.dim()}] but got {sparse_dim}")
+    if sparse_dim == 0 and self.dim() > 0:
+        raise RuntimeError("dense_to_sparse: sparse_dim argument must be in >0 when self.dim()>0")
     nonzero = self != 0
     if self.dim() > sparse_dim:
         nonzero = nonzero.flatten(sparse_dim).any(-1)
     indices = nonzero.nonzero().t().contiguous() if sparse_dim else self.new_zeros((0, 1), dtype=torch.int64)
-    values = self[tuple(indices)] if sparse_dim else self.unsqueeze(0).clone()
+    values = _at(self, indices)
     return _sparse(indices, values, self.shape, True)
 
 
@@ -339,7 +368,8 @@ def register() -> None:
     global _library
     _library = torch.library.Library("aten", "IMPL")
     for name, kernel in (("_coalesce", _coalesce), ("add.out", add_out), ("sub.out", sub_out), ("sub.Tensor", sub),
-                         ("sub_.Tensor", sub_), ("sparse_mask", sparse_mask), ("addmm", addmm),
+                         ("sub_.Tensor", sub_), ("sparse_mask", sparse_mask),
+                         ("_sparse_mask_projection", sparse_mask_projection), ("addmm", addmm),
                          ("index_select", index_select), ("mul.Tensor", mul), ("mul_.Tensor", mul_), ("mul.out", mul_out),
                          ("div.Tensor", div), ("div_.Tensor", div_), ("div.out", div_out), ("div.Tensor_mode", div),
                          ("div_.Tensor_mode", div_), ("div.out_mode", div_out)):
