@@ -700,3 +700,42 @@ def test_random_over_the_whole_range_of_a_dtype(dtype, bounds):
     low = bounds[0] if bounds else 0
     high = {torch.int64: 2**63 - 1, torch.uint8: 255, torch.int8: 127, torch.float32: 2**24}[dtype]
     assert low <= t.min() < low + (high - low) * 0.01 and high - (high - low) * 0.01 < t.max() <= high
+
+
+# --------------------------------------------------------------------------- repeat_interleave's repeats
+_MATRIX = [[1, 2], [3, 4]]
+REPEATS_ERRORS = {
+    "2-D repeats": lambda d: torch.repeat_interleave(torch.arange(4, device=d).reshape(2, 2)),
+    "float repeats": lambda d: torch.repeat_interleave(torch.arange(4.0, device=d)),
+    "negative repeats": lambda d: torch.repeat_interleave(torch.tensor([1, 2, -1, 3], device=d)),
+    "negative repeats of self": lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d),
+                                                                  torch.tensor([-1, 2], device=d), dim=0),
+    "float repeats of self": lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d),
+                                                               torch.tensor([1.0, 2.0], device=d), dim=0),
+    "2-D repeats of self": lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d),
+                                                             torch.tensor([[1, 2]], device=d), dim=0),
+}
+
+
+@pytest.mark.parametrize("name", REPEATS_ERRORS)
+def test_repeat_interleave_refuses_what_cpu_refuses(name):
+    # pjrt flattened a 2-D repeats, truncated float ones and repeated -1 times as 0 (test_repeat_interleave)
+    assert_raises_like_cpu(REPEATS_ERRORS[name], name)
+
+
+def test_repeat_interleave_of_valid_repeats_as_on_cpu():
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor([0, 1, 2, 3], device=d)))
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d), torch.tensor([1, 2], device=d),
+                                                   dim=1))
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d), torch.tensor(2, device=d)))
+
+
+# --------------------------------------------------------------------------- new_empty_strided's strides
+@pytest.mark.parametrize("size, stride", [((5, 3), (0, 1)), ((2, 3, 4), (2, 4, 6)), ((0, 2, 0), (0, 0, 0)),
+                                          ((2, 3), (1, 2))])
+def test_new_empty_strided_keeps_the_strides(size, stride):
+    # pjrt returned contiguous strides (test_tensor_creation_ops' test_new_empty_strided)
+    for d in ("cpu", "pjrt"):
+        t = torch.zeros(5, 5, dtype=torch.int32, device=d).new_empty_strided(size, stride)
+        assert (t.shape, t.stride(), t.dtype) == (torch.Size(size), stride, torch.int32)
+    _same_as_cpu(lambda d: torch.zeros(2, device=d).new_empty_strided((2, 3), (1, 2)).fill_(3.0), layout=True)

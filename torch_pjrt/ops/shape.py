@@ -146,8 +146,17 @@ def repeat(self, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
+def _check_repeats(repeats) -> None:
+    """CPU's checks of a repeats tensor (concrete here: jit=False); eager's oracle raises CPU's
+    exact error. jnp.repeat flattens a 2-D repeats, truncates float ones and treats a negative
+    count as 0."""
+    if repeats.ndim > 1 or not jnp.issubdtype(repeats.dtype, jnp.integer) or bool(jnp.any(repeats < 0)):
+        raise ValueError("repeat_interleave: repeats CPU refuses")
+
+
 @lowering(aten.repeat_interleave.Tensor, jit=False)
 def repeat_interleave(repeats, *, output_size=None):
+    _check_repeats(repeats)
     repeats = repeats.reshape(-1).astype(INT64)
     total = int(jnp.sum(repeats)) if output_size is None else output_size
     return jnp.repeat(jnp.arange(repeats.shape[0], dtype=INT64), repeats, total_repeat_length=total)
@@ -157,6 +166,7 @@ def repeat_interleave(repeats, *, output_size=None):
 def repeat_interleave_self_tensor(self, repeats, dim=None, *, output_size=None):
     x, dim = (self.reshape(-1), 0) if dim is None else (self, wrap_dim(dim, self.ndim))
     x = x.reshape(1) if x.ndim == 0 else x
+    _check_repeats(repeats)
     repeats = repeats.reshape(-1).astype(INT64)
     if repeats.shape[0] == 1:
         repeats = jnp.broadcast_to(repeats, (x.shape[dim],))
@@ -325,7 +335,9 @@ def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.new_empty_strided.default)
+@lowering(aten.new_empty_strided.default,
+          eager="torch's CompositeExplicitAutograd kernel: empty_strided (the runtime's metadata kernel) keeps "
+                "the asked strides, as on the CPU (this lowering's result is laid out contiguous)")
 def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
