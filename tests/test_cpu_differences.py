@@ -739,3 +739,33 @@ def test_new_empty_strided_keeps_the_strides(size, stride):
         t = torch.zeros(5, 5, dtype=torch.int32, device=d).new_empty_strided(size, stride)
         assert (t.shape, t.stride(), t.dtype) == (torch.Size(size), stride, torch.int32)
     _same_as_cpu(lambda d: torch.zeros(2, device=d).new_empty_strided((2, 3), (1, 2)).fill_(3.0), layout=True)
+
+
+# --------------------------------------------------------------------------- normal over a std tensor
+NORMAL_STD_ERRORS = {
+    "negative std": lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([-1.0, 1.0, 1.0], device=d)),
+    "negative std, number mean": lambda d: torch.normal(0.0, torch.tensor([1.0, -1.0], device=d)),
+    "nan std": lambda d: torch.normal(torch.zeros(2, device=d), torch.tensor([float("nan"), 1.0], device=d)),
+    "complex std": lambda d: torch.normal(torch.zeros(2, device=d), torch.ones(2, dtype=torch.complex64, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", NORMAL_STD_ERRORS)
+def test_normal_refuses_a_std_tensor_cpu_refuses(name, monkeypatch):
+    # pjrt drew with a negative scale (test_tensor_creation_ops' test_normal_std_error); the value
+    # check is asynchronous, as index checks are (TORCH_PJRT_SYNC_INDEX_CHECKS=1: at the call)
+    assert_raises_like_cpu(NORMAL_STD_ERRORS[name], name)
+    _raises_exactly_like_cpu(NORMAL_STD_ERRORS[name], monkeypatch)
+
+
+@pytest.mark.parametrize("mean_dtype, std_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float32),
+                                                   (None, torch.float64), (torch.complex64, torch.float32)])
+def test_normal_over_tensors_has_cpus_shape_dtype_and_moments(mean_dtype, std_dtype):
+    def call(d):
+        std = torch.full((4000,), 2.0, dtype=std_dtype, device=d)
+        mean = 3.0 if mean_dtype is None else torch.full((2, 1), 3.0, dtype=mean_dtype, device=d)
+        return torch.normal(mean, std)
+
+    expected, actual = call("cpu"), call("pjrt").cpu()
+    assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
+    assert abs(actual.mean().real - 3.0) < 0.15 and abs((actual - 3.0).abs().pow(2).mean() ** 0.5 - 2.0) < 0.15

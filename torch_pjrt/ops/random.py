@@ -57,6 +57,39 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     return _over_parts(self, lambda shape, dtype: jax.random.normal(key(generator), shape, dtype) * std + mean)
 
 
+def _std_is_negative(std):
+    """0 where every std >= 0, else 1 (NaN too: CPU tests std.min().ge(0))."""
+    return jnp.where(jnp.all(std >= 0), 0, 1)
+
+
+def _normal_std_probes(values):
+    """normal's std tensor checked as CPU and CUDA check it (a sync there, an asynchronous
+    check here, as index checks are): XLA would draw with a negative scale."""
+    std = values[1]
+    if hasattr(std, "shape") and math.prod(std.shape) and not jnp.issubdtype(std.dtype, jnp.complexfloating):
+        yield Derived(std, (1,), _std_is_negative), 1, False, \
+            lambda _, __: RuntimeError("normal expects all elements of std >= 0.0")
+
+
+def _normal_of_tensors(mean, std, dtype, generator):
+    """CPU's normal over tensors: normal_(0, 1) draws in the result's dtype (a complex one: each
+    part with variance 1/2), times std, plus mean, in the broadcast shape of both."""
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    scale = 1 / np.sqrt(2) if np.dtype(dtype).kind == "c" else 1
+    draws = _over_parts(types.SimpleNamespace(dtype=dtype, shape=shape),
+                        lambda shape, dt: jax.random.normal(key(generator), shape, dt) * scale)
+    return (draws * std + mean).astype(dtype)
+
+
+@lowering(aten.normal.Tensor_Tensor, aten.normal.float_Tensor, index_probes=_normal_std_probes)
+def normal_tensor_std(mean, std, *, generator=None):
+    """The result takes mean's dtype (std's where mean is a number), as CPU's empty(mean.options())."""
+    if jnp.issubdtype(std.dtype, jnp.complexfloating):
+        raise TypeError("normal: a complex std")  # CPU refuses it: eager's oracle raises its error
+    dtype = std.dtype if isinstance(mean, (int, float)) else mean.dtype
+    return _normal_of_tensors(mean, std, dtype, generator)
+
+
 def _uniform_real_dtype(self):
     """The floating dtype uniform_'s bounds live in (complex: its real parts), or None where
     CPU has no kernel or checks no bounds (an empty complex tensor)."""
