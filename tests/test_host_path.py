@@ -5,7 +5,8 @@ Llama-style decode step (static cache written with index_copy_, argmax read) run
 the counts say which ops entered a Python kernel and which calls went through the Python
 recorder. The expected lists are exact, so a change that moves an op onto the fast path (or off
 it) updates them here; each entry says why the op is not on the C++ fast path yet (issue 29).
-Both steps also compute what torch computes on the CPU, in both eager modes.
+Both steps also compute what torch computes on the CPU, in both eager modes. HF generate()'s
+decode steps are counted step by step: only those whose KV cache crosses a capacity enter Python.
 """
 from __future__ import annotations
 
@@ -257,3 +258,46 @@ def test_in_place_writes_of_a_whole_storage_reshape_take_the_fast_path(mode):
         results[device] = [t.cpu() for t in (base, flat, grid)]
     for got, want in zip(results["pjrt"], results["cpu"]):
         assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_hf_generate_steady_decode_steps_stay_in_cpp():
+    """HF generate() on the tiny Llama (its dynamic cache: appends onto padded storages, attention
+    over them): once warm, a decode step enters no Python kernel and no Python recorder, except the
+    steps whose cache crosses a capacity (16, 32: the padded storages grow there, in Python) and the
+    prompt's first two exact lengths; the tokens equal CPU torch's (fused mode, the default)."""
+    pytest.importorskip("transformers")
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from torch_pjrt.tools import bench_llm
+
+    class CountsPerStep(LogitsProcessor):
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, input_ids, scores):
+            counts = torch_pjrt.eager_stats()["paths"].values()
+            self.seen.append((input_ids.shape[1], sum(c["python_kernel"] + c["python_recorder"] for c in counts)))
+            return scores
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode("fused")
+    try:
+        lm = bench_llm.causal_lm(None, 128)
+        torch.manual_seed(0)
+        cpu = lm.build().eval()
+        dev = lm.build().to("pjrt").eval()
+        prompt = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(5))
+        kwargs = dict(do_sample=False, pad_token_id=0, max_new_tokens=30, min_new_tokens=30)
+        with torch.no_grad():
+            dev.generate(prompt.to("pjrt"), **kwargs)  # warm-up: every shape and region seen
+            per_step = CountsPerStep()
+            torch_pjrt.reset_eager_stats()
+            got = dev.generate(prompt.to("pjrt"), logits_processor=LogitsProcessorList([per_step]), **kwargs)
+            want = cpu.generate(prompt, **kwargs)
+    finally:
+        torch_pjrt.set_eager_mode(before)
+    assert torch.equal(got.cpu(), want)
+    entered = {length: after - before for (_, before), (length, after) in zip(per_step.seen, per_step.seen[1:])}
+    growing = {13, 14, 16, 17, 32, 33}  # the prompt's next two exact lengths; each capacity and the step after
+    assert {length for length, n in entered.items() if n} <= growing, entered
+    assert sum(1 for length, n in entered.items() if not n) >= len(entered) - len(growing), entered
