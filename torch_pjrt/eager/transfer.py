@@ -6,6 +6,7 @@ registered on PrivateUse1 beside the table's kernels.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import numpy as np
@@ -117,12 +118,30 @@ def clone(self: torch.Tensor, memory_format=None) -> torch.Tensor:
 # storage to the host and reads the element there: no executable for the view (a decode step's
 # token, a loss). Larger storages read the element's view on the device.
 WHOLE_STORAGE_READ = 4096
+# ... unless the same concrete buffer had an element read on the device just before: a loop over
+# a tensor's elements (`all(t)`, `for x in t`, test_linspace's all() over 10^6 comparisons) then
+# copies the storage to the host once (jax keeps that copy with the buffer, and frees it with
+# the buffer) and reads every later element there: 276 us -> 11 us per element here. Up to
+# 2^24 elements, so that two reads of a huge tensor do not copy all of it.
+REPEATED_STORAGE_READ = 1 << 24
+_last_device_read = None  # weakref.ref to the buffer of the latest element read on the device
+
+
+def _read_before(buffer) -> bool:
+    """Whether `buffer` (concrete) had the previous element read on the device; else remember it."""
+    global _last_device_read
+    if type(buffer) is not storage._ARRAY or buffer.size > REPEATED_STORAGE_READ:
+        return False
+    if _last_device_read is not None and _last_device_read() is buffer:
+        return True
+    _last_device_read = weakref.ref(buffer)
+    return False
 
 
 def local_scalar_dense(self: torch.Tensor):
     buffer = _load_runtime().buffer(self)
-    if type(buffer) in (storage._ARRAY, fused.Pending) and buffer.size <= WHOLE_STORAGE_READ and \
-            buffer.dtype == to_jax(self.dtype):
+    if type(buffer) in (storage._ARRAY, fused.Pending) and buffer.dtype == to_jax(self.dtype) and \
+            (buffer.size <= WHOLE_STORAGE_READ or _read_before(buffer)):
         bounds.raise_pending()  # a host sync, as download's
         return np.asarray(fused.concrete(buffer)).reshape(-1)[self.storage_offset()].item()
     value = storage.read_deferred(self)  # a view's read joins the region computing its storage: one run
