@@ -769,3 +769,42 @@ def test_normal_over_tensors_has_cpus_shape_dtype_and_moments(mean_dtype, std_dt
     expected, actual = call("cpu"), call("pjrt").cpu()
     assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
     assert abs(actual.mean().real - 3.0) < 0.15 and abs((actual - 3.0).abs().pow(2).mean() ** 0.5 - 2.0) < 0.15
+
+
+# --------------------------------------------------------------------------- bincount's checks
+BINCOUNT_ERRORS = {
+    "negative value": lambda d: torch.bincount(torch.tensor([1, -1], device=d)),
+    "negative minlength": lambda d: torch.bincount(torch.tensor([1, 3], device=d), torch.tensor([0.2, 0.2], device=d),
+                                                   minlength=-1),
+}
+
+
+@pytest.mark.parametrize("name", BINCOUNT_ERRORS)
+def test_bincount_refuses_what_cpu_refuses(name):
+    # pjrt counted without the negative value and ignored a negative minlength (test_bincount)
+    assert_raises_like_cpu(BINCOUNT_ERRORS[name], name)
+
+
+# --------------------------------------------------------------------------- out= of an int dim
+_COUNT_NONZERO_OUT = {int: torch.ops.aten.count_nonzero.out, tuple: torch.ops.aten.count_nonzero.dim_IntList_out}
+
+
+@pytest.mark.parametrize("op", ["all", "any", "count_nonzero"])
+@pytest.mark.parametrize("dim", [1, (0, 1), (1,)])
+def test_reduction_out_of_an_int_dim_or_dims(op, dim):
+    # eager took all.out (int dim) for all.dims' out= overload and called it with an int:
+    # "Expected a value of type 'Optional[List[int]]'" (test_reductions' test_all_any_vs_numpy)
+    def call(d):
+        x = torch.tensor([[1, 0, 2], [3, 4, 0]], dtype=torch.uint8, device=d)
+        if op == "count_nonzero":
+            return _COUNT_NONZERO_OUT[type(dim)](x, dim, out=torch.empty(0, dtype=torch.int64, device=d))
+        out = torch.empty(0, dtype=torch.uint8, device=d)
+        getattr(torch, op)(x, dim, out=out)
+        return out
+
+    _same_as_cpu(call)
+
+
+def test_squeeze_copy_out_of_an_int_dim():
+    _same_as_cpu(lambda d: torch.squeeze_copy(torch.zeros(2, 1, 3, device=d), 1, out=torch.empty(0, device=d)))
+    _same_as_cpu(lambda d: torch.squeeze_copy(torch.zeros(2, 1, 1, device=d), (1, 2), out=torch.empty(0, device=d)))

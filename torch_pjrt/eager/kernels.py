@@ -568,14 +568,19 @@ def _composite_explicit(op) -> bool:
     return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
+def _named_types(op) -> list:
+    """(name, type) of each argument, written ones' alias annotations aside."""
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
+
+
 def _variants(op):
     """The in-place and out= overloads derived from functional overload `op`: those whose
     other arguments have the same names and kinds (pow_.Scalar is not pow.Scalar's)."""
     namespace, base = op._schema.name.split("::")
     if namespace != "aten":  # custom ops have no derived variants
         return None, []
-    sig = Signature.of(op)
-    arguments = list(zip(sig.names, sig.kinds))
+    # names and types: kinds alone take all.out (int dim) for all.dims' (int[]? dim) out= overload
+    arguments = _named_types(op)
     inplace, outs = None, []
     for packet_name in (base + "_", base):
         packet = getattr(aten, packet_name, None)
@@ -586,8 +591,7 @@ def _variants(op):
             other = Signature.of(candidate)
             if not other.written:
                 continue
-            kept = [(n, k) for i, (n, k) in enumerate(zip(other.names, other.kinds))
-                    if packet_name == base + "_" or i not in other.written]
+            kept = [a for i, a in enumerate(_named_types(candidate)) if packet_name == base + "_" or i not in other.written]
             if kept != arguments:
                 continue
             if packet_name == base + "_":

@@ -742,8 +742,11 @@ def histc(self, bins=100, min=0, max=0):  # noqa: A002
 
 @lowering(aten.bincount.default, jit=False)
 def bincount(self, weights=None, minlength=0):
-    if self.ndim != 1:
+    # the values are concrete here (jit=False): XLA's scatter would drop a negative one silently
+    if self.ndim != 1 or (self.size and jnp.issubdtype(self.dtype, jnp.integer) and int(jnp.min(self)) < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
     length = builtins.max(int(jnp.max(self)) + 1 if self.size else 0, minlength)
     if weights is None:
         return jnp.zeros(length, INT64).at[self].add(1)
