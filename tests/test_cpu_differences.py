@@ -808,3 +808,23 @@ def test_reduction_out_of_an_int_dim_or_dims(op, dim):
 def test_squeeze_copy_out_of_an_int_dim():
     _same_as_cpu(lambda d: torch.squeeze_copy(torch.zeros(2, 1, 3, device=d), 1, out=torch.empty(0, device=d)))
     _same_as_cpu(lambda d: torch.squeeze_copy(torch.zeros(2, 1, 1, device=d), (1, 2), out=torch.empty(0, device=d)))
+
+
+# --------------------------------------------------------------------------- reductions of more than 64 dims
+_OVER_64_DIMS = {
+    "sum": lambda x: x.sum(0), "mean": lambda x: x.mean(-1), "var": lambda x: x.var(0),
+    "logsumexp": lambda x: x.logsumexp(0), "norm": lambda x: x.norm(dim=0), "nansum": lambda x: x.nansum(0),
+    "argmax": lambda x: x.argmax(0), "max.dim": lambda x: x.max(0), "amin": lambda x: x.amin(0),
+    "all": lambda x: x.all(0), "prod": lambda x: x.prod(0),
+}
+
+
+@pytest.mark.parametrize("name", _OVER_64_DIMS)
+def test_reducing_given_dims_of_more_than_64_dims_raises(name):
+    # CPU's dim mask is a 64-bit set; pjrt reduced (test_dim_ndim_limit, test_dim_reduction_less_than_64)
+    assert_raises_like_cpu(lambda d: _OVER_64_DIMS[name](torch.zeros([1] * 65, device=d)), name)
+
+
+def test_reducing_every_dim_of_more_than_64_dims_as_on_cpu():
+    _same_as_cpu(lambda d: torch.stack([torch.ones([1] * 65, device=d).sum(), torch.ones([1] * 65, device=d).argmax(),
+                                        torch.ones([1] * 65, device=d).squeeze(0).sum()]))

@@ -21,6 +21,19 @@ from .promotion import cast, default_float, promote
 from .registry import family, Padding, reduction
 from .views import wrap_dim, wrap_dims
 
+
+def _reduced_dims(dims, ndim: int) -> tuple:
+    """views.wrap_dims, with CPU's limit on reductions over given dims: its dim mask is a 64-bit
+    set, so a tensor of more dims raises (XLA reduces it)."""
+    _at_most_64_dims(dims, ndim)
+    return wrap_dims(dims, ndim)
+
+
+def _at_most_64_dims(dims, ndim: int) -> None:
+    if ndim > 64 and dims is not None and (isinstance(dims, int) or len(dims)):
+        raise RuntimeError("only tensors with up to 64 dims are supported")
+
+
 lowering = family(not_paddable="no padding rule yet: it orders or scans the elements of a possibly padded dim")
 
 aten = torch.ops.aten
@@ -92,7 +105,7 @@ def sum(self, *, dtype=None):  # noqa: A001 (named after the op)
 
 @lowering(aten.sum.dim_IntList, padding=reduction("zero"))
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
-    return accumulate(jnp.sum, self, dtype, axis=wrap_dims(dim, self.ndim), keepdims=keepdim)
+    return accumulate(jnp.sum, self, dtype, axis=_reduced_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @lowering(aten.nansum.default)
@@ -118,13 +131,13 @@ def mean(self, *, dtype=None):
 @lowering(aten.mean.dim, padding=Padding("mean"))
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
     x = _mean_input("mean", self, dtype)
-    return accumulate(jnp.mean, x, None, axis=wrap_dims(dim, x.ndim), keepdims=keepdim)
+    return accumulate(jnp.mean, x, None, axis=_reduced_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @lowering(aten.nanmean.default)
 def nanmean(self, dim=None, keepdim=False, *, dtype=None):
     x = _mean_input("nanmean", self, dtype)
-    axes = wrap_dims(dim, x.ndim)
+    axes = _reduced_dims(dim, x.ndim)
     count = jnp.sum(~isnan(x), axis=axes, keepdims=keepdim)
     return (nansum(x, dim, keepdim) / count).astype(x.dtype)
 
@@ -136,7 +149,7 @@ def prod(self, *, dtype=None):
 
 @lowering(aten.prod.dim_int, padding=reduction("one"))
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
-    axes = wrap_dims([dim], self.ndim)
+    axes = _reduced_dims([dim], self.ndim)
     return accumulate(jnp.prod, self, dtype, axis=axes, keepdims=keepdim)
 
 
@@ -148,7 +161,7 @@ def var_and_mean(x, dim, correction, keepdim, root=False):
         raise RuntimeError("std and var only support floating point and complex dtypes")
     out_dtype = x.dtype
     xc = x.astype(jnp.float32) if is_low_precision(x.dtype) else x
-    axes = wrap_dims(dim, x.ndim)
+    axes = _reduced_dims(dim, x.ndim)
     m = jnp.mean(xc, axis=axes, keepdims=True)
     correction = 1 if correction is None else correction
     divisor = jnp.maximum(numel_over(x, axes) - correction, 0)
@@ -246,6 +259,7 @@ def min(self):  # noqa: A001
 
 
 def _value_index(reduce, arg, self, dim, keepdim):
+    _at_most_64_dims(dim, self.ndim)
     dim = wrap_dim(dim, self.ndim)
     if self.ndim == 0:
         return self, jnp.zeros((), INT64)
@@ -266,14 +280,14 @@ def min_dim(self, dim, keepdim=False):
 
 @lowering(aten.amax.default, padding=reduction("low"))
 def amax(self, dim=(), keepdim=False):
-    axes = wrap_dims(dim, self.ndim)
+    axes = _reduced_dims(dim, self.ndim)
     _nonempty("amax", self, axes)
     return jnp.max(self, axis=axes, keepdims=keepdim)
 
 
 @lowering(aten.amin.default, padding=reduction("high"))
 def amin(self, dim=(), keepdim=False):
-    axes = wrap_dims(dim, self.ndim)
+    axes = _reduced_dims(dim, self.ndim)
     _nonempty("amin", self, axes)
     return jnp.min(self, axis=axes, keepdims=keepdim)
 
@@ -309,7 +323,7 @@ def argmin(self, dim=None, keepdim=False):
 # --------------------------------------------------------------------------- all / any
 def _logical_reduce(fn, self, dim, keepdim):
     # unlike the other reductions, all/any.dims with dim=[] reduce nothing
-    axes = () if dim is not None and len(dim) == 0 else wrap_dims(dim, self.ndim)
+    axes = () if dim is not None and len(dim) == 0 else _reduced_dims(dim, self.ndim)
     out = fn(self, axis=axes, keepdims=keepdim)
     return out.astype(jnp.uint8) if self.dtype == jnp.uint8 else out  # torch keeps uint8 for uint8
 
@@ -346,19 +360,19 @@ def any_dims(self, dim=None, keepdim=False):
 
 @lowering(aten.count_nonzero.default)
 def count_nonzero(self, dim=None):
-    return jnp.sum(self != 0, axis=wrap_dims(dim, self.ndim), dtype=INT64)
+    return jnp.sum(self != 0, axis=_reduced_dims(dim, self.ndim), dtype=INT64)
 
 
 @lowering(aten.count_nonzero.dim_IntList)
 def count_nonzero_dims(self, dim):
-    return jnp.sum(self != 0, axis=wrap_dims(dim, self.ndim), dtype=INT64)
+    return jnp.sum(self != 0, axis=_reduced_dims(dim, self.ndim), dtype=INT64)
 
 
 # --------------------------------------------------------------------------- logsumexp / norms
 @lowering(aten.logsumexp.default, padding=reduction("low"))
 def logsumexp(self, dim, keepdim=False):
     x = self.astype(default_float()) if is_integral(self.dtype) else self
-    axes = wrap_dims(dim, x.ndim)
+    axes = _reduced_dims(dim, x.ndim)
     # a complex input shifts by its largest real part, as CPU does: the log's imaginary part
     # then stays in (-pi, pi]
     m = jnp.max(x.real if jnp.iscomplexobj(x) else x, axis=axes, keepdims=True, initial=-jnp.inf)
@@ -376,7 +390,7 @@ def vector_norm(x, ord, dim, keepdim, dtype):
     out_dtype = real_dtype(x.dtype)
     a = jnp.abs(x)
     a = a.astype(jnp.float32) if is_low_precision(a.dtype) else a
-    axes = wrap_dims(dim, x.ndim)
+    axes = _reduced_dims(dim, x.ndim)
     ord = float(ord)
     if ord == math.inf:
         _nonempty("linalg.vector_norm", x, axes)
@@ -765,7 +779,7 @@ def hash_tensor(self, dim=(), keepdim=False, mode=0):
         raise TypeError("xor_sum has no complex kernel")
     wide = self.astype(jnp.float64 if is_floating(self.dtype) else INT64)
     bits = jax.lax.bitcast_convert_type(wide, jnp.uint64)
-    axes = wrap_dims(dim, self.ndim)
+    axes = _reduced_dims(dim, self.ndim)
     out = jax.lax.reduce(bits, np.uint64(0), jax.lax.bitwise_xor, axes)
     return jnp.expand_dims(out, axes) if keepdim else out
 
