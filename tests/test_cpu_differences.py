@@ -828,3 +828,16 @@ def test_reducing_given_dims_of_more_than_64_dims_raises(name):
 def test_reducing_every_dim_of_more_than_64_dims_as_on_cpu():
     _same_as_cpu(lambda d: torch.stack([torch.ones([1] * 65, device=d).sum(), torch.ones([1] * 65, device=d).argmax(),
                                         torch.ones([1] * 65, device=d).squeeze(0).sum()]))
+
+
+# --------------------------------------------------------------------------- sum with a narrower dtype
+@pytest.mark.parametrize("op", ["sum", "nansum"])
+def test_sum_into_float16_rounds_each_element_first(op):
+    # CPU converts the input to the result dtype, then accumulates in float32: pjrt summed the
+    # float32 values unrounded (-118.0 where CPU gives -117.5625; test_nansum_out_dtype_float16)
+    def call(d):
+        x = torch.tensor([0.3, 0.3, 0.3, -0.7] * 16, device=d) * 1.001
+        return torch.stack([getattr(torch, op)(x, dtype=torch.float16).float(),
+                            getattr(torch, op)(x, dtype=torch.bfloat16).float()])
+
+    _same_as_cpu(call)

@@ -72,9 +72,11 @@ def accumulate_dtype(x, dtype):
 
 def accumulate(fn, x, dtype, **kwargs):
     """fn(x, **kwargs) in the dtype torch's CPU kernels accumulate in (float32 for float16 and
-    bfloat16 results, rounded once at the end), cast to the result dtype."""
+    bfloat16 results, rounded once at the end), cast to the result dtype. CPU first converts the
+    input to the result dtype: sum(float32 x, dtype=float16) rounds each element to float16."""
     out = accumulate_dtype(x, dtype)
-    return fn(x.astype(jnp.float32 if is_low_precision(out) else out), **kwargs).astype(out)
+    x = x.astype(out)
+    return fn(x.astype(jnp.float32) if is_low_precision(out) else x, **kwargs).astype(out)
 
 
 def numel_over(x, axes) -> int:
