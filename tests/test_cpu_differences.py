@@ -841,3 +841,12 @@ def test_sum_into_float16_rounds_each_element_first(op):
                             getattr(torch, op)(x, dtype=torch.bfloat16).float()])
 
     _same_as_cpu(call)
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_adaptive_max_pool_of_a_zero_size_batch(dims):
+    # pjrt failed with ZeroDivisionError (a reshape with -1 over zero elements; test_AdaptiveMaxPool_zero_batch_dim)
+    pool = {1: torch.nn.AdaptiveMaxPool1d, 2: torch.nn.AdaptiveMaxPool2d, 3: torch.nn.AdaptiveMaxPool3d}[dims](3)
+    _same_as_cpu(lambda d: pool(torch.ones((0, 2) + (7,) * dims, device=d)))
+    _same_as_cpu(lambda d: torch.nn.functional.adaptive_max_pool2d(torch.arange(98.0, device=d).reshape(2, 7, 7), 3)
+                 if dims == 2 else pool(torch.ones((1, 2) + (7,) * dims, device=d)))

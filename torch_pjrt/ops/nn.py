@@ -908,7 +908,8 @@ def _adaptive_max(x, output_size):
     flat = flat.transpose(perm).reshape(tuple(output_size) + (-1,))
     mask = mask.transpose(perm).reshape(tuple(output_size) + (-1,))
     vals = jnp.transpose(vals, tuple(range(lead)) + tuple(lead + q for q in perm))
-    vals = vals.reshape(vals.shape[:lead] + tuple(output_size) + (-1,))
+    # the window size spelled out: -1 is undefined for a zero-size batch (a ZeroDivisionError)
+    vals = vals.reshape(vals.shape[:lead] + tuple(output_size) + (flat.shape[-1],))
     vals = jnp.where(jnp.asarray(mask), vals, _lowest(x.dtype))
     arg = jnp.argmax(vals, axis=-1)
     val = jnp.take_along_axis(vals, arg[..., None], axis=-1)[..., 0]
