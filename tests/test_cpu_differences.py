@@ -850,3 +850,14 @@ def test_adaptive_max_pool_of_a_zero_size_batch(dims):
     _same_as_cpu(lambda d: pool(torch.ones((0, 2) + (7,) * dims, device=d)))
     _same_as_cpu(lambda d: torch.nn.functional.adaptive_max_pool2d(torch.arange(98.0, device=d).reshape(2, 7, 7), 3)
                  if dims == 2 else pool(torch.ones((1, 2) + (7,) * dims, device=d)))
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_fractional_max_pool_with_fewer_samples_than_the_batch_raises(nd):
+    # the 3d form returned a batch of 0 (test_FractionalMaxPool3d_zero_samples)
+    def call(d):
+        pool = (torch.nn.FractionalMaxPool3d if nd == 3 else torch.nn.FractionalMaxPool2d)(
+            2, output_size=[1] * nd, _random_samples=torch.rand([0, 4, nd], device=d))
+        return pool(torch.randn([1, 4] + [6] * nd, device=d))
+
+    assert_raises_like_cpu(call, f"{nd}d")

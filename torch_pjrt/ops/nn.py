@@ -974,6 +974,8 @@ def _fractional_max_pool(name, x, kernel_size, output_size, random_samples, nd):
         raise RuntimeError(f"Expect _random_samples.size(2) equals to {nd}; got {random_samples.shape[-1]}.")
     if random_samples.shape[1] != x.shape[1]:
         raise RuntimeError("Expect _random_samples.size(1) equals to input channel size.")
+    if random_samples.shape[0] < x.shape[0]:  # the gather below would return fewer samples' windows
+        raise RuntimeError("Expect _random_samples.size(0) no less then input batch size.")
     dims = ("time", "height", "width")[3 - nd:]
     for d, n, k, o in zip(dims, sizes, kernel_size, output_size):
         # CPU's checks: the 2d windows may end at the input's end, the 3d ones must not
