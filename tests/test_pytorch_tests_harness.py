@@ -42,6 +42,10 @@ class TestTiny(TestCase):
     def test_runs_after_the_crash(self, device):
         self.assertEqual(torch.zeros(3, device=device).sum().item(), 0)
 
+    def test_conv_backend_convention(self, device):  # torch's answer for PrivateUse1, not CPU's
+        expected = torch._C._ConvBackend.Slow2d
+        self.assertEqual(torch._C._ConvBackend.Overrideable if device != "cpu" else expected, expected)
+
     @onlyCPU
     def test_only_cpu(self, device):
         pass
@@ -77,6 +81,7 @@ def test_pairs_outcomes_and_survives_a_crash(tmp_path):
     assert "IndexError" in result["failures"][next(k for k in result["failures"] if "queued" in k)]["message"]
     assert [k.split("::")[-1] for k in result["crashes"]] == ["test_crashes_on_pjrt"]
     report = (tmp_path / "out.md").read_text()
-    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 0 |" in report
+    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 1 | 0 |" in report
+    assert len(result["by_convention"]) == 1 and "convolution_overrideable" in report
     # a file that does not import is said so, with its error, and has no rate
     assert "| test_broken | did not import: ImportError: cannot import name 'no_such'" in report
