@@ -106,7 +106,8 @@ def sparse_unsupported(name: str, devices=()) -> NotImplementedError:
     return NotImplementedError(
         f"pjrt: {name}: no pjrt kernel for sparse tensors{where}. On pjrt a torch.sparse_coo tensor supports "
         f"creation, .to()/.cpu(), coalesce, to_dense, add/sub (into dense or sparse), sparse_mask, index_select, "
-        f"sparse @ dense (mm, addmm), neg, mul (by a scalar, a sparse or a dense tensor) and div by a scalar: what the sparse gradients of nn.Embedding and "
+        f"sparse @ dense (mm, addmm), neg, mul (by a scalar, a sparse or a dense tensor) and div by a scalar: "
+        f"what the sparse gradients of nn.Embedding and "
         f"nn.EmbeddingBag(sparse=True) need with SGD, Adagrad and SparseAdam (docs/training.md, 'Sparse "
         f"gradients'); sparse_csr, sparse_csc, sparse_bsr and sparse_bsc tensors are not supported. Use "
         f"x.to_dense() on pjrt, or keep the sparse tensor on the CPU.")

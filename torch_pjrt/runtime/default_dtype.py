@@ -23,17 +23,12 @@ from .build import load as _load_runtime
 
 _state = {"traced_with": torch.get_default_dtype(), "changes": 0}
 _clears: list[Callable[[], None]] = []
-_flush_all: list[Callable[[str], None]] = []  # fused.flush_all, registered by fused (it imports us)
 
 
 def on_change(clear: Callable[[], None]) -> Callable[[], None]:
     """Register `clear`, which drops a cache of traced results; returns it (usable as a decorator)."""
     _clears.append(clear)
     return clear
-
-
-def set_flush(flush_all: Callable[[str], None]) -> None:
-    _flush_all[:] = [flush_all]
 
 
 def check() -> None:
@@ -44,13 +39,14 @@ def check() -> None:
 
 
 def _changed() -> None:
+    from . import fused  # (fused imports this module)
+
     new, old = torch.get_default_dtype(), _state["traced_with"]
-    if _flush_all:  # pending calls were recorded (their output dtypes fixed) under the old dtype
-        torch.set_default_dtype(old)
-        try:
-            _flush_all[0]("default dtype changed")
-        finally:
-            torch.set_default_dtype(new)
+    torch.set_default_dtype(old)  # pending calls were recorded (their output dtypes fixed) under the old dtype
+    try:
+        fused.flush_all("default dtype changed")
+    finally:
+        torch.set_default_dtype(new)
     _state["traced_with"] = new
     _state["changes"] += 1
     for clear in _clears:

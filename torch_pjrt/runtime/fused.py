@@ -412,9 +412,6 @@ def _forget_traces() -> None:
             table.clear()
 
 
-default_dtype.set_flush(flush_all)
-
-
 def _flush_locked(region: Region, reason: str) -> None:
     safe_point()  # before the test: a change of the default dtype runs this region itself
     if region.ran or not region.calls:

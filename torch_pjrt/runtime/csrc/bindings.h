@@ -106,7 +106,8 @@ void digest_call(PyObject* digest, int64_t call_id, PyObject* refs);
 bool run_cached_region(PyObject* region, PyObject* reason);
 // End `region` at a sync point named `reason`: run_cached_region, else fused.end_region.
 void end_region(PyObject* region, PyObject* reason);
-// An executable-budget safe point (fast_path.cpp): release JAX's executables if due.
+// A safe point (fast_path.cpp; runtime/safe_point.py): release JAX's executables if due, and drop
+// the caches of traces if torch's default dtype changed since they were made.
 void safe_point();
 // A Pending's array, running its region first where it has not run (a sync point named `reason`,
 // "host read" when null), borrowed; nullptr where the region failed (its error was raised then).
@@ -199,9 +200,9 @@ void register_to_copy_kernel(py::object run, py::object recorded, py::object slo
 // aten::_local_scalar_dense's C++ kernel (ScalarReadKernel): a storage of at most `max_elements`
 // elements is read on the host; `slow` (transfer.local_scalar_dense, a Python number) serves the rest.
 void register_scalar_read_kernel(py::object slow, int64_t max_elements);
-// executable_budget.py's state dict and release_if_due: every C++ kernel's entry is a safe point.
 // Every recorder drops its signatures before its next call (traces made under another default dtype).
 void forget_recorded_signatures();
+// What safe_point calls: executable_budget.py's state dict and release_if_due, default_dtype.check.
 void set_safe_point(py::dict budget_state, py::object release_if_due, py::object check_default_dtype);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,
 // calls recorded in C++).
