@@ -2,6 +2,9 @@
 executables (a view's storage offset is traced, not static), with CPU's results."""
 from __future__ import annotations
 
+import threading
+import traceback
+
 import jax.monitoring
 import pytest
 import torch
@@ -9,10 +12,18 @@ import torch
 from tests.budget import measured_warm
 
 _built: list = []  # every XLA executable JAX compiles or loads from the persistent cache, eager's or not
+
+
+def _note_build(name: str) -> None:
+    # where it was built, for the failure message: a build here is found by its stack
+    stack = "".join(traceback.format_list(traceback.extract_stack()[-14:-2]))
+    _built.append(f"{name} on thread {threading.current_thread().name}:\n{stack}")
+
+
 jax.monitoring.register_event_duration_secs_listener(
-    lambda name, secs, **kw: _built.append(name) if "backend_compile" in name else None)
+    lambda name, secs, **kw: _note_build(name) if "backend_compile" in name else None)
 jax.monitoring.register_event_listener(
-    lambda name, **kw: _built.append(name) if name.endswith("compilation_cache/cache_hits") else None)
+    lambda name, **kw: _note_build(name) if name.endswith("compilation_cache/cache_hits") else None)
 
 
 def _executables_built(warm, fn) -> int:
@@ -22,10 +33,17 @@ def _executables_built(warm, fn) -> int:
 
     def measure() -> int:
         torch.pjrt.synchronize()
-        start, eager = len(_built), torch_pjrt.eager_stats()["executables"]
+        start, eager = len(_built), torch_pjrt.eager_stats()
         fn()
         torch.pjrt.synchronize()
-        return max(len(_built) - start, torch_pjrt.eager_stats()["executables"] - eager)
+        after = torch_pjrt.eager_stats()
+        built = max(len(_built) - start, after["executables"] - eager["executables"])
+        if built:  # say which, so that a failure seen once (a whole run) can be understood
+            ops = {op: n - eager["by_op"].get(op, 0) for op, n in after["by_op"].items()
+                   if n != eager["by_op"].get(op, 0)}
+            print(f"built {built}: eager executables by op {ops}; fused {after.get('fused')}; "
+                  f"JAX builds:\n" + "\n".join(_built[start:]))
+        return built
 
     return measured_warm(lambda: _warm(warm), measure)
 
