@@ -114,6 +114,9 @@ def op_label(op) -> str:
 
 def cpu_error(op, args: tuple, kwargs: dict) -> BaseException | None:
     """The exception CPU torch raises for this call, or None if CPU accepts it."""
+    if len(args) > Signature.of(op).kwarg_only.count(False):
+        # the dispatcher passes keyword-only arguments by position (cumsum_'s dtype): as the schema says
+        args, kwargs = Signature.of(op).split(Signature.of(op).bind(args, kwargs))
     try:
         # read without a host sync's side effect: queued index errors stay queued for the user's sync
         twins = _Twins(lambda flat: storage.from_numpy(np.asarray(storage.read(flat))), "cpu")

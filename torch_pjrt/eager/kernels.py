@@ -28,6 +28,7 @@ from . import errors, paths, stats
 from ..runtime.build import load as _load_runtime
 from ..dtypes import TORCH_TO_JAX, c10_name, to_jax, to_torch
 from ..ops.call import OpCall, weak_scalar
+from ..ops.elementwise import NO_COMPLEX_IN_PLACE
 from ..ops.growth import Growth, PaddedOperand
 from ..ops.registry import LOWERINGS, Lowering
 from ..ops.signature import TENSOR_LIST, Signature
@@ -407,6 +408,10 @@ def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
     if isinstance(value, storage.Permuted):  # the target keeps its own layout
         value = value.logical()
     _check_castable(op, to_torch(value.dtype), target)
+    if not resize and target.is_complex() and not jnp.issubdtype(value.dtype, jnp.complexfloating):
+        name = _name(op).rstrip("_")
+        if name in NO_COMPLEX_IN_PLACE:
+            raise RuntimeError(f"In-place {name} is not supported for complex tensors.")
     shape = tuple(value.shape)
     if tuple(target.shape) != shape:
         if resize:
@@ -440,7 +445,12 @@ class InplaceKernel:
             for i in range(len(target)):
                 self(*_item(args, i, len(target)), **{k: _item([v], i, len(target))[0] for k, v in kwargs.items()})
             return None
-        result, _, _ = self.functional.compute(args, kwargs)
+        try:
+            result, _, _ = self.functional.compute(args, kwargs)
+        except Exception as e:  # noqa: BLE001  (the failure path only)
+            if not isinstance(e, errors._DEVICE_ERRORS):
+                errors.raise_as_cpu(self.op, args, kwargs)  # CPU checks self's dtype first (int.bitwise_and_(float))
+            raise
         if self.self_is_list:
             for t, v in zip(target, result):
                 _store(self.op, t, v, resize=False)
@@ -617,14 +627,17 @@ def register(special: dict) -> None:
         raise RuntimeError(f"eager kernels replace lowerings whose entries do not say so (eager=...): {unannounced}")
     kernels: dict = {}
     for op, lowering in LOWERINGS.items():
-        if (_is_view(op) or (not lowering.own_gradient and _composite_implicit(op)) or Signature.of(op).written
-                or (lowering.eager and op not in special)):
-            continue  # views stay views (C++ metadata kernels); composites keep their autograd
+        if _is_view(op) or Signature.of(op).written or (lowering.eager and op not in special):
+            continue  # views stay views (C++ metadata kernels)
         functional = Kernel(lowering)
-        kernels[op] = functional
         inplace, outs = _variants(op)
         if inplace is not None and inplace not in LOWERINGS and not _composite_implicit(inplace):
             kernels[inplace] = InplaceKernel(inplace, functional)
+        if not lowering.own_gradient and _composite_implicit(op):
+            # a composite keeps its autograd; its in-place form, where torch does not decompose it
+            # (conj_physical_ reaches a DispatchStub), takes the functional's kernel
+            continue
+        kernels[op] = functional
         for out in outs:
             if _composite_implicit(out) or (op in special and _composite_explicit(out)):
                 continue  # torch's out= wrapper serves it over the special functional kernel, as on CPU

@@ -110,6 +110,11 @@ def _to_compute(x, common, compute):
     return cast(cast(x, common), compute)
 
 
+# Ops whose result is real for a complex input and whose in-place form CPU refuses on a complex
+# self (ATen's unary_op_impl_with_complex_to_float_): `abs_` would otherwise write |z| into z.
+NO_COMPLEX_IN_PLACE: set = set()
+
+
 def define(name, math, *, kind=DEFAULT, allowed=ALL, ops=None, half=True, tests=NO_TEST_CASES):
     """Register `math` as the lowering of `ops` (default aten.<name>.default); returns the
     lowering, a function named after the op taking the op's tensor/Scalar operands.
@@ -122,6 +127,8 @@ def define(name, math, *, kind=DEFAULT, allowed=ALL, ops=None, half=True, tests=
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"aten.{name}: elementwise, {kind.name} promotion."
     lowering(*(ops if ops is not None else (getattr(aten, name).default,)), tests=tests)(fn)
+    if kind is COMPLEX_TO_FLOAT:
+        NO_COMPLEX_IN_PLACE.add(name)
     return fn
 
 

@@ -569,8 +569,14 @@ def take(self, index):
         jnp.zeros(index.shape, self.dtype)
 
 
-@lowering(aten.put.default)
+@lowering(aten.put.default, index_probes=probes.take)  # the same flat index into self as take
 def put(self, index, source, accumulate=False):
+    # CPU's put_ checks, which its meta kernel does not make (a float index would be truncated)
+    if index.dtype != jnp.int64:
+        raise RuntimeError(f"put_(): Expected a long tensor for index, but got {c10_name(to_torch(index.dtype))}")
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"put_(): self and source expected to have the same dtype, but got self.dtype = "
+                           f"{c10_name(to_torch(self.dtype))} and source.dtype = {c10_name(to_torch(source.dtype))}")
     targets = wrap_index(index, self.size)
     return put_flat(self.reshape(-1), targets, source.reshape(targets.shape), accumulate).reshape(self.shape)
 
