@@ -67,7 +67,7 @@ def _operand(op, arg: str, t: torch.Tensor, device: int | None):
     if t.dim() == 0 and t.is_cpu:  # CPU scalars mix with device tensors, as with CUDA
         if _rt.is_wrapped_number(t):
             return weak_scalar(t.item()), device  # a Python number the arg parser wrapped: promotes as a Scalar
-        return jnp.asarray(t.item(), dtype=to_jax(t.dtype)), device
+        return jax.device_put(np.asarray(t.item(), dtype=to_jax(t.dtype))), device  # a transfer (see storage.offset_operand)
     _mismatch(op, f"pjrt:{device if device is not None else _rt.current_device()}", str(t.device), arg)
 
 

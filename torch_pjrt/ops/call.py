@@ -32,7 +32,9 @@ def weak_scalar(value):
     array = _WEAK_SCALARS.get(key)
     if array is None:
         try:
-            array = jnp.asarray(value)
+            # a transfer, as weakly typed as jnp.asarray's value; jnp.asarray would run JAX's eager
+            # stage op, an executable JAX builds again once a long process evicted it
+            array = jax.device_put(value)
         except OverflowError:  # beyond int64: let JAX report it in the op
             return value
         if isinstance(array, jax.core.Tracer):

@@ -389,7 +389,10 @@ def offset_operand(offset):
         return offset  # already traced
     array = _OFFSETS.get(offset)
     if array is None:
-        array = jnp.asarray(offset, jnp.int64)
+        # a transfer, not jnp.asarray: outside a trace that runs JAX's eager convert, an
+        # executable found through JAX's least-recently-used caches (built again once a long
+        # process has evicted it: a build in a loop that builds nothing)
+        array = jax.device_put(np.int64(offset))
         if isinstance(array, jax.core.Tracer):
             # made inside a trace: cached, that trace's tracer would leak into the next trace,
             # whose executable would then take it as an input no caller passes
