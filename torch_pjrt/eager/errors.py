@@ -19,6 +19,8 @@ themselves), CPU, before anything is written.
 """
 from __future__ import annotations
 
+import json
+import pathlib
 import warnings
 
 import numpy as np
@@ -27,7 +29,7 @@ import torch
 from ..runtime import storage
 from ..dtypes import to_torch
 from ..ops.registry import Split
-from ..ops.signature import SCALAR, SCALAR_LIST, Signature
+from ..ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
 
 # Failures that are about the device, not the call: re-running on the CPU would not say more.
 _DEVICE_ERRORS = (torch.OutOfMemoryError, MemoryError)
@@ -39,6 +41,47 @@ class MetaRejected(Exception):
     def __init__(self, error: BaseException):
         super().__init__(f"{type(error).__name__}: {error}")
         self.error = error
+
+
+class DtypeRefused(MetaRejected):
+    """The call's first tensor has a dtype CPU torch has no kernel of this op for
+    (ops/cpu_refused_dtypes.json): CPU's own call decides what to raise."""
+
+    def __init__(self, op, dtype: torch.dtype):
+        super().__init__(NotImplementedError(f"{op_label(op)}: no CPU kernel for {dtype}"))
+        self.op, self.dtype = op, dtype
+
+    def forget(self) -> None:
+        """CPU accepted the call after all (its dtype is not the one its kernel dispatches on)."""
+        _CPU_REFUSED.get(str(self.op), set()).discard(self.dtype)
+
+
+def _cpu_refused() -> dict:
+    path = pathlib.Path(__file__).resolve().parents[1] / "ops" / "cpu_refused_dtypes.json"
+    table = json.loads(path.read_text())["refused"]
+    return {op: {getattr(torch, d[len("torch."):]) for d in dtypes} for op, dtypes in table.items()}
+
+
+# aten overload name -> dtypes of its first tensor argument CPU has no kernel for (tools/cpu_dtypes.py)
+_CPU_REFUSED: dict = _cpu_refused()
+
+
+def _check_dtype_on_cpu(op, sig, values) -> None:
+    refused = _CPU_REFUSED.get(str(op))
+    if not refused:
+        return
+    for kind, v in zip(sig.kinds, values):
+        if kind == TENSOR_LIST and isinstance(v, (list, tuple)) and v:
+            v = v[0]
+        elif kind != TENSOR:
+            continue
+        geometry = getattr(v, "geometry", None)
+        dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
+        if dtype is None:
+            continue
+        if to_torch(dtype) in refused:
+            raise DtypeRefused(op, to_torch(dtype))
+        return
 
 
 # Ops whose meta check rejected a call that CPU accepts: their executables trace unchecked.
@@ -55,6 +98,7 @@ def meta_check(lowering, sig, values, concrete=None):
     `concrete`: {position: value} of the traced call's `traced=` arguments, where known; else
     a neutral value stands in (the entry's `in_range` is what checks their values)."""
     op = lowering.op
+    _check_dtype_on_cpu(op, sig, values)
     if op in _META_UNRELIABLE:
         return None
     outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))
@@ -150,6 +194,9 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
         return expected
     if getattr(error, "pjrt_refusal", False):  # registry.refusal: the op refuses whatever the host CPU does
         return error
+    if isinstance(error, DtypeRefused):
+        error.forget()
+        return None
     if isinstance(error, MetaRejected):
         _META_UNRELIABLE.add(op)
         return None

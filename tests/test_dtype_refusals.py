@@ -1,0 +1,55 @@
+"""A dtype neither CPU nor CUDA torch has a kernel for raises CPU's error on pjrt (XLA would
+compute it): torch's meta kernels accept every dtype, so eager checks a call's first tensor
+against ops/cpu_refused_dtypes.json (tools/cpu_dtypes.py, learned from the OpInfos) and lets
+CPU's own call decide. A dtype CUDA computes is computed, as CUDA does."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_pjrt.eager import errors
+
+_Z = torch.tensor([[1 + 1j, 2 - 1j], [0.5j, 3.0]])
+REFUSED = {
+    "amax complex": lambda d: torch.amax(_Z.to(d)),
+    "max complex": lambda d: torch.max(_Z.to(d)),
+    "sort complex": lambda d: torch.sort(_Z.to(d)),
+    "amax complex out=": lambda d: torch.amax(_Z.to(d), 0, out=torch.empty(0, dtype=_Z.dtype, device=d)),
+    "cholesky half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
+    "logcumsumexp int": lambda d: torch.logcumsumexp(torch.arange(4, device=d), 0),
+    "mm bool": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_dtype_cpu_and_cuda_refuse_raises_cpus_error(case):
+    with pytest.raises(Exception) as cpu:
+        REFUSED[case]("cpu")
+    with pytest.raises(Exception) as pjrt:
+        REFUSED[case]("pjrt")
+        torch.pjrt.synchronize()
+    assert type(pjrt.value) is type(cpu.value) and str(pjrt.value) == str(cpu.value)
+
+
+def test_a_dtype_cuda_computes_is_computed():
+    x = torch.randint(0, 8, (50,), dtype=torch.int32)  # CPU refuses integer histc, CUDA counts it
+    assert torch.histc(x.to("pjrt"), bins=8, min=0, max=7).cpu().tolist() == \
+        torch.histc(x.double(), bins=8, min=0, max=7).int().tolist()
+
+
+def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten():
+    """The table keys the first tensor's dtype; `floor_divide(bool, int)` promotes to int, which CPU
+    accepts (two bools it refuses): that call runs, and the pair leaves the table."""
+    assert torch.bool in errors._CPU_REFUSED["aten.floor_divide.default"]
+    a, b = torch.tensor([True, False, True]), torch.tensor([2, 3, -1])
+    assert torch.equal(torch.floor_divide(a.to("pjrt"), b.to("pjrt")).cpu(), torch.floor_divide(a, b))
+    assert torch.bool not in errors._CPU_REFUSED["aten.floor_divide.default"]
+
+
+def test_common_dtypes_of_hot_ops_are_not_listed():
+    """A listed (op, dtype) costs its first call a CPU run of the same arguments: never for what
+    models compute (bfloat16 and float16 matmuls, float casts, copies)."""
+    for op in ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten._to_copy.default",
+               "aten.copy_.default", "aten.add.Tensor", "aten.mul.Tensor", "aten._softmax.default"):
+        listed = errors._CPU_REFUSED.get(op, set())
+        assert not listed & {torch.float16, torch.bfloat16, torch.float32, torch.float64}, (op, listed)

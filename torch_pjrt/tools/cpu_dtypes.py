@@ -1,0 +1,142 @@
+"""Which aten ops neither CPU nor CUDA torch has a kernel for in which dtypes, learned from
+PyTorch's OpInfos.
+
+torch's meta kernels accept every dtype; CPU's kernels refuse many ("max_values_cpu" not
+implemented for 'ComplexFloat', "cholesky_cpu" not implemented for 'Half'), and XLA computes
+most of them anyway. So eager checks a call's first tensor argument against this table at trace
+time (errors.meta_check), and where it is listed, CPU's own call decides what to raise.
+
+For every OpInfo and every dtype its CPU and CUDA lists leave out, the first sample is run on the CPU
+under a dispatch mode that notes each aten op the error passed through, with the dtype of
+that op's first tensor argument; the table is those (op, dtype) pairs where that dtype is the
+sample's and CPU's error names it (or its kind: complex, boolean, integral).
+
+    python -m torch_pjrt.tools.cpu_dtypes          # rewrites torch_pjrt/ops/cpu_refused_dtypes.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import signal
+import warnings
+
+TABLE = pathlib.Path(__file__).resolve().parents[1] / "ops" / "cpu_refused_dtypes.json"
+
+DTYPE_NAMES = {"torch.bool": "Bool", "torch.uint8": "Byte", "torch.int8": "Char", "torch.int16": "Short",
+               "torch.int32": "Int", "torch.int64": "Long", "torch.float16": "Half", "torch.bfloat16": "BFloat16",
+               "torch.float32": "Float", "torch.float64": "Double", "torch.complex64": "ComplexFloat",
+               "torch.complex128": "ComplexDouble"}
+
+
+def _names(dtype, message: str) -> bool:
+    """Whether CPU's error is about `dtype` ("not implemented for 'Half'", "Sort does not support
+    complex dtypes", "may not be a boolean tensor"), not about the sample's other arguments."""
+    words = {f"'{DTYPE_NAMES[str(dtype)]}'", str(dtype)[len("torch."):]}
+    words |= {"complex"} if dtype.is_complex else {"bool"} if str(dtype) == "torch.bool" else set()
+    words |= {"integral", "integer"} if not dtype.is_floating_point and not dtype.is_complex else set()
+    if any(re.search(rf"(?<![\w.:]){re.escape(n)}\b", message) for n in _other_names(dtype)):
+        return False  # a mismatch of two dtypes ("c10::BFloat16 != float"): bf16 mm itself is fine
+    message = message.lower()
+    return any(w.lower() in message for w in words)
+
+
+_CPP_NAMES = {"torch.float32": "float", "torch.float64": "double", "torch.float16": "c10::Half",
+              "torch.bfloat16": "c10::BFloat16", "torch.int64": "long", "torch.int32": "int", "torch.bool": "bool"}
+
+
+def _other_names(dtype) -> list[str]:
+    """How errors name the dtypes other than `dtype`: c10's names, C++'s, torch's."""
+    names = []
+    for torch_name, c10 in DTYPE_NAMES.items():
+        if torch_name != str(dtype):
+            names += [c10, torch_name] + ([_CPP_NAMES[torch_name]] if torch_name in _CPP_NAMES else [])
+    return names
+
+
+def _first_tensor(args, kwargs):
+    import torch
+
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0]
+    return None
+
+
+def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
+    """{aten overload name: [dtypes CPU refuses for its first tensor argument]}."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from .conformance import all_opinfos
+
+    class Innermost(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.failed = []  # (op, dtype of its first tensor argument), innermost first
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                return func(*args, **kwargs)
+            except Exception:
+                first = _first_tensor(args, kwargs)
+                self.failed.append((str(func), str(first.dtype) if first is not None else None))
+                raise
+
+    def expire(*_):
+        raise TimeoutError
+
+    signal.signal(signal.SIGALRM, expire)
+
+    def refusal(op, dtype) -> list:
+        """[(aten op, dtype)] where CPU refuses the OpInfo's first sample in `dtype` for that dtype:
+        the op that raised and every op above it that passed it on (eager lowers some of them
+        whole: nanmean, where CPU's nansum refuses complex)."""
+        signal.alarm(seconds_per_case)
+        mode = Innermost()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sample = next(iter(op.sample_inputs("cpu", dtype)))
+                with mode:
+                    op(sample.input, *sample.args, **sample.kwargs)
+        except Exception as e:  # noqa: BLE001  (a refusal, or no sample in this dtype)
+            if _names(dtype, str(e)):
+                return [f for f in mode.failed if f[1] == str(dtype)]
+        finally:
+            signal.alarm(0)
+        return []
+
+    refused, cuda_only = set(), set()
+    everything = [getattr(torch, n[len("torch."):]) for n in DTYPE_NAMES]
+    for _, op in all_opinfos():
+        cpu, cuda = op.supported_dtypes("cpu"), op.supported_dtypes("cuda")
+        for dtype in everything:
+            if dtype not in cpu:
+                # CUDA's behaviour is the default answer: an aten op CUDA has a kernel of in this
+                # dtype (integer histc), through any OpInfo, is computed, whatever CPU says
+                (cuda_only if dtype in cuda else refused).update(refusal(op, dtype))
+    table: dict[str, list] = {}
+    for op, dtype in sorted(refused - cuda_only):
+        table.setdefault(op, []).append(dtype)
+    return table
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(TABLE))
+    args = parser.parse_args(argv)
+    import torch
+
+    table = refusals()
+    payload = {"torch": torch.__version__, "refused": table}
+    pathlib.Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"{len(table)} ops, {sum(map(len, table.values()))} (op, dtype) refusals -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
