@@ -177,6 +177,7 @@ class PjrtWork(Work):
         self._timeout = timeout
         self._error: BaseException | None = None
         self._finished = future is None  # the result is in the tensors
+        self._dispatched = future is not None  # run by the dispatcher (kept once the work is finished)
         self._lock = threading.Lock()  # finish runs once, whichever thread waits first
 
     # -- what a kind of work defines
@@ -204,8 +205,9 @@ class PjrtWork(Work):
             raise CollectiveError(f"pjrt: {self.what} failed: {e}") from None
 
     def _ordered_by_dispatcher(self) -> bool:
-        """Whether the dispatcher runs this work, so that its callbacks' collectives get a slot there."""
-        return self._future is not None
+        """Whether the dispatcher ran this work, so that its callbacks' collectives get a slot there
+        (whether or not a wait() finished it before get_future())."""
+        return self._dispatched
 
     # -- c10d's Work
     def is_completed(self) -> bool:
@@ -266,12 +268,15 @@ class PjrtWork(Work):
         parseCppCommHookResult, when a peer died mid-step)."""
         outcome = Future()
         future = outcome.then(_outcome_value)
-        ordered = self._ordered_by_dispatcher()  # before is_completed(), which may drop the dispatcher's future
-        if self.is_completed() or _on_completion_thread():
-            # over: complete it here, callbacks run at once. On a completion thread (a callback
-            # asking for another collective's future): here too, that thread cannot wait for itself.
+        if _on_completion_thread():
+            # a callback asking for another collective's future: complete it here, this thread
+            # cannot wait for itself
             _complete(self, outcome)
             return future
+        # Even when the work is over already, its callbacks run on the completion thread, in its
+        # slot: run here at once, they would record into the caller's fused region (another
+        # region boundary, so other rounding, on the ranks whose collective finished first).
+        ordered = self._ordered_by_dispatcher()
         name, slot = ("pjrt-futures", _Slot()) if ordered else ("pjrt-host-futures", None)
         _started(name, lambda: _complete_in_order(name))
         with _threads_lock:  # slots in the order of their futures, even when two threads ask at once
