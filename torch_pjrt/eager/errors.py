@@ -53,7 +53,7 @@ class DtypeRefused(MetaRejected):
 
     def forget(self) -> None:
         """CPU accepted the call after all (its dtype is not the one its kernel dispatches on)."""
-        _CPU_REFUSED.get(str(self.op), set()).discard(self.dtype)
+        refused_dtypes(self.op).discard(self.dtype)
 
 
 def _cpu_refused() -> dict:
@@ -66,8 +66,15 @@ def _cpu_refused() -> dict:
 _CPU_REFUSED: dict = _cpu_refused()
 
 
-def _check_dtype_on_cpu(op, sig, values) -> None:
-    refused = _CPU_REFUSED.get(str(op))
+def refused_dtypes(op) -> set:
+    """The dtypes of its first tensor CPU and CUDA have no kernel of `op` for (shared, updated in place)."""
+    return _CPU_REFUSED.setdefault(str(op), set())
+
+
+def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
+    """Raise DtypeRefused where the call's first tensor (an array, a storage view or a torch
+    tensor) has a dtype listed for `op`."""
+    refused = refused_dtypes(op) if refused is None else refused
     if not refused:
         return
     for kind, v in zip(sig.kinds, values):
@@ -79,8 +86,9 @@ def _check_dtype_on_cpu(op, sig, values) -> None:
         dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
         if dtype is None:
             continue
-        if to_torch(dtype) in refused:
-            raise DtypeRefused(op, to_torch(dtype))
+        dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+        if dtype in refused:
+            raise DtypeRefused(op, dtype)
         return
 
 
@@ -98,7 +106,7 @@ def meta_check(lowering, sig, values, concrete=None):
     `concrete`: {position: value} of the traced call's `traced=` arguments, where known; else
     a neutral value stands in (the entry's `in_range` is what checks their values)."""
     op = lowering.op
-    _check_dtype_on_cpu(op, sig, values)
+    check_dtype_on_cpu(op, sig, values)
     if op in _META_UNRELIABLE:
         return None
     outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))

@@ -101,6 +101,9 @@ class Kernel:
         self.call = call = OpCall.of(lowering)
         self.sig = call.sig
         self.executable = call.executable(traced=_traced_call)
+        self.refused_dtypes = errors.refused_dtypes(self.op)  # see errors.check_dtype_on_cpu
+        if not lowering.jit and self.refused_dtypes:  # a data-dependent op runs untraced: its check here
+            self.executable = functools.partial(_dtype_checked, self, self.executable)
         self.index_probes = lowering.index_probes
         # int returns (SDPA's max_q, max_k): an executable's outputs are arrays, and torch would
         # read each back with .item(), a host sync; the op's meta kernel gives them on the host
@@ -189,6 +192,8 @@ class Kernel:
                 errors.raise_as_cpu(self.op, *self.sig.split(values))
         queue = bounds.mark() if self.index_probes is not None else None
         try:
+            if self.refused_dtypes:
+                errors.check_dtype_on_cpu(self.op, self.sig, self.sig.bind(args, kwargs), self.refused_dtypes)
             return self._compute(args, kwargs, grow)
         except Exception as e:  # noqa: BLE001  (only the failure path pays: see errors.py)
             if queue is not None:
@@ -372,6 +377,11 @@ def _put(values, place, value):
     else:
         values[arg] = list(values[arg])
         values[arg][item] = value
+
+
+def _dtype_checked(kernel: Kernel, lower, *values):
+    errors.check_dtype_on_cpu(kernel.op, kernel.sig, values, kernel.refused_dtypes)
+    return lower(*values)
 
 
 def _traced_call(call: OpCall, *values):

@@ -6,7 +6,7 @@ implemented for 'ComplexFloat', "cholesky_cpu" not implemented for 'Half'), and 
 most of them anyway. So eager checks a call's first tensor argument against this table at trace
 time (errors.meta_check), and where it is listed, CPU's own call decides what to raise.
 
-For every OpInfo and every dtype its CPU and CUDA lists leave out, the first sample is run on the CPU
+For every OpInfo and every dtype its CPU and CUDA lists leave out, a sample per input rank runs on the CPU
 under a dispatch mode that notes each aten op the error passed through, with the dtype of
 that op's first tensor argument; the table is those (op, dtype) pairs where that dtype is the
 sample's and CPU's error names it (or its kind: complex, boolean, integral).
@@ -16,6 +16,7 @@ sample's and CPU's error names it (or its kind: complex, boolean, integral).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 import re
@@ -92,19 +93,35 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
 
     signal.signal(signal.SIGALRM, expire)
 
-    def refusal(op, dtype) -> list:
-        """[(aten op, dtype)] where CPU refuses the OpInfo's first sample in `dtype` for that dtype:
-        the op that raised and every op above it that passed it on (eager lowers some of them
-        whole: nanmean, where CPU's nansum refuses complex)."""
+    def refusals_of(op, dtype) -> set:
+        """refusal() over one sample per input rank among the OpInfo's first 30 samples (1-d, 2-d
+        and 3-d upsampling each reach an op of their own)."""
+        found, ranks = set(), set()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                samples = list(itertools.islice(op.sample_inputs("cpu", dtype), 30))
+        except Exception:  # noqa: BLE001  (no samples in this dtype)
+            return found
+        for sample in samples:
+            rank = getattr(sample.input, "ndim", None)
+            if rank not in ranks:
+                ranks.add(rank)
+                found.update(refusal(op, dtype, sample))
+        return found
+
+    def refusal(op, dtype, sample) -> list:
+        """[(aten op, dtype)] where CPU refuses `sample` in `dtype` for that dtype: the op that
+        raised and every op above it that passed it on (eager lowers some of them whole:
+        nanmean, where CPU's nansum refuses complex)."""
         signal.alarm(seconds_per_case)
         mode = Innermost()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                sample = next(iter(op.sample_inputs("cpu", dtype)))
                 with mode:
                     op(sample.input, *sample.args, **sample.kwargs)
-        except Exception as e:  # noqa: BLE001  (a refusal, or no sample in this dtype)
+        except Exception as e:  # noqa: BLE001  (a refusal, or an error of the sample's own)
             if _names(dtype, str(e)):
                 return [f for f in mode.failed if f[1] == str(dtype)]
         finally:
@@ -119,7 +136,7 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
             if dtype not in cpu:
                 # CUDA's behaviour is the default answer: an aten op CUDA has a kernel of in this
                 # dtype (integer histc), through any OpInfo, is computed, whatever CPU says
-                (cuda_only if dtype in cuda else refused).update(refusal(op, dtype))
+                (cuda_only if dtype in cuda else refused).update(refusals_of(op, dtype))
     table: dict[str, list] = {}
     for op, dtype in sorted(refused - cuda_only):
         table.setdefault(op, []).append(dtype)

@@ -58,6 +58,7 @@ bool is_whole_storage(const at::Tensor& t, const Holder* h);
 // the path reads and writes it there, on objects whose exact type it checked.
 struct Slot {
   Py_ssize_t offset = -1;
+  const char* name = "";  // for the error that names an unset one (a string literal)
   static Slot of(PyObject* type, const char* name);  // the member `name` of a __slots__ class
   PyObject* get(PyObject* o) const;                    // borrowed; raises AttributeError where unset
   void set(PyObject* o, PyObject* value) const;        // a new reference to `value`

@@ -44,13 +44,13 @@ Slot Slot::of(PyObject* type, const char* name) {
               ".", name, " is not a __slots__ member");
   PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(descr.ptr())->d_member;
   TORCH_CHECK(member->type == T_OBJECT_EX, "pjrt: ", name, " is not an object slot");
-  return Slot{member->offset};
+  return Slot{member->offset, name};
 }
 
 PyObject* Slot::get(PyObject* o) const {
   PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + offset);
   if (!v) {
-    PyErr_Format(PyExc_AttributeError, "pjrt: a %s attribute is unset", Py_TYPE(o)->tp_name);
+    PyErr_Format(PyExc_AttributeError, "pjrt: %s.%s is unset", Py_TYPE(o)->tp_name, name);
     throw python_error();
   }
   return v;
