@@ -18,6 +18,11 @@ REFUSED = {
     "cholesky half": lambda d: torch.linalg.cholesky(torch.eye(3, dtype=torch.half, device=d)),
     "logcumsumexp int": lambda d: torch.logcumsumexp(torch.arange(4, device=d), 0),
     "mm bool": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+    "unique complex": lambda d: torch.unique(_Z.to(d)),
+    # CPU's cross does not promote (pjrt's computed int x float)
+    "cross mixed dtypes": lambda d: torch.linalg.cross(torch.ones(3, dtype=torch.long, device=d), torch.ones(3, device=d)),
+    "cross out= of another dtype": lambda d: torch.cross(torch.ones(3, dtype=torch.long, device=d), torch.ones(3, device=d),
+                                                         out=torch.empty(3, device=d)),
 }
 
 

@@ -18,6 +18,7 @@ import torch
 from jax import lax
 from jax.lax import linalg as lxl
 from .registry import family
+from ..dtypes import c10_name, to_torch
 
 lowering = family(not_paddable="a factorization or solve mixes the elements of its matrices: padding would change them")
 
@@ -394,6 +395,9 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
 
 @lowering(aten.linalg_cross.default)
 def linalg_cross(self, other, *, dim=-1):
+    if self.dtype != other.dtype:  # CPU's cross kernel does not promote
+        raise RuntimeError(f"expected scalar type {c10_name(to_torch(self.dtype))} but found "
+                           f"{c10_name(to_torch(other.dtype))}")
     shape = jnp.broadcast_shapes(self.shape, other.shape)
     a, b = jnp.broadcast_to(self, shape), jnp.broadcast_to(other, shape)
     return jnp.cross(a, b, axis=dim).astype(jnp.result_type(self, other))
