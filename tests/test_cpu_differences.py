@@ -861,3 +861,18 @@ def test_fractional_max_pool_with_fewer_samples_than_the_batch_raises(nd):
         return pool(torch.randn([1, 4] + [6] * nd, device=d))
 
     assert_raises_like_cpu(call, f"{nd}d")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_fused_region_rounds_between_ops_as_cpu(dtype):
+    """XLA's default excess precision skipped the rounding of a freshly drawn bfloat16 tensor
+    inside the region that also added it: `a + b` differed from CPU's sum of the very values `a`
+    and `b` hold (test_binary_ufuncs' test_batch_vs_slicing_add_pjrt_bfloat16)."""
+    from torch.testing import make_tensor
+
+    for seed in range(3):
+        torch.manual_seed(seed)
+        a, b = (make_tensor((32, 512), dtype=dtype, device="pjrt") for _ in range(2))
+        total = (a + b) * 3 - a  # a chain: each op's result rounded, as CPU does
+        expected = (a.cpu() + b.cpu()) * 3 - a.cpu()
+        assert torch.equal(total.cpu(), expected), seed

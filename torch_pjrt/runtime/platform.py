@@ -2,7 +2,11 @@
 
 TORCH_PJRT_PLATFORM picks the platform (cpu, gpu/cuda, rocm, tpu, neuron, ...; default:
 JAX's default backend). TORCH_PJRT_CPU_DEVICES=N gives N virtual CPU devices. JAX is
-configured here once, before its backends start: x64 on (int64 and float64 are real).
+configured here once, before its backends start: x64 on (int64 and float64 are real), and
+XLA's excess precision off (`--xla_allow_excess_precision=false`, unless XLA_FLAGS names it):
+with it, XLA drops the rounding to bfloat16/float16 between fused ops, so a fused eager region
+computed `a + b` from a freshly made bfloat16 `a` before its rounding, while `a` itself holds
+the rounded value (CPU and op-by-op round each op's result).
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import os
 import jax
 
 jax.config.update("jax_enable_x64", True)
+if "xla_allow_excess_precision" not in os.environ.get("XLA_FLAGS", ""):  # read when XLA first compiles
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_excess_precision=false").strip()
 if os.environ.get("TORCH_PJRT_CPU_DEVICES"):
     jax.config.update("jax_num_cpu_devices", int(os.environ["TORCH_PJRT_CPU_DEVICES"]))
 if os.environ.get("TORCH_PJRT_PLATFORM", "").lower() == "cpu" and not os.environ.get("JAX_PLATFORMS"):
