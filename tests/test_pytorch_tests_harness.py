@@ -2,7 +2,7 @@
 small device-generic file written here: outcomes paired across devices, a crash recorded and
 the run resumed after it, a decorator's device restriction (or a dtype instantiated only for the CPU) kept out of the rate, an
 index error pjrt queues failing the test that queued it, a file's classes that are not
-device-generic counted nowhere, a package of test/ the file imports copied beside it, and a
+device-generic counted nowhere, the foreach samples' flags the 2023 test_foreach pops, a package of test/ the file imports copied beside it, and a
 file that does not import reported with its error instead of a rate."""
 import json
 import textwrap
@@ -12,7 +12,8 @@ from torch_pjrt.tools import pytorch_tests
 TINY = '''
 import os
 import torch
-from torch.testing._internal.common_device_type import dtypes, dtypesIfCPU, instantiate_device_type_tests, onlyCPU
+from torch.testing._internal.common_device_type import dtypes, dtypesIfCPU, instantiate_device_type_tests, onlyCPU, ops
+from torch.testing._internal.common_methods_invocations import foreach_pointwise_op_db
 from torch.testing._internal.common_utils import TestCase, run_tests
 from helpers.values import TWO  # a package of test/ the file imports: copied beside it
 
@@ -46,6 +47,14 @@ class TestTiny(TestCase):
         expected = torch._C._ConvBackend.Slow2d
         self.assertEqual(torch._C._ConvBackend.Overrideable if device != "cpu" else expected, expected)
 
+    # the foreach samples' flags as the July 2023 test_foreach pops them (torch 2.13's samples dropped them)
+    @ops([op for op in foreach_pointwise_op_db if op.name == "_foreach_addcmul"], allowed_dtypes=(torch.float32,))
+    def test_foreach_samples_as_in_2023(self, device, dtype, op):
+        for sample in op.sample_inputs(device, dtype, num_input_tensors=[2]):
+            self.assertFalse(sample.kwargs.pop("zero_size"))
+            self.assertIn("disable_fastpath", sample.kwargs)
+            self.assertIn("values", sample.kwargs)  # None, a scalar or a list of scalars (torch 2.13: value=, scalars=)
+
     @onlyCPU
     def test_only_cpu(self, device):
         pass
@@ -73,15 +82,16 @@ def test_pairs_outcomes_and_survives_a_crash(tmp_path):
                         "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "out.md")])
     result = json.loads((tmp_path / "out.json").read_text())["results"]["test_tiny"]
     # test_only_cpu and test_dtypes_float64 are restricted to the CPU by their decorators
-    assert result["cpu_passing"] == 6
+    assert result["cpu_passing"] == 7
     assert result["device_restricted"] == 2
-    assert result["pjrt_passing"] == 3  # test_add, the test after the crash (not failed by the queued error), float32
+    # test_add, the test after the crash (not failed by the queued error), float32, the foreach samples
+    assert result["pjrt_passing"] == 4
     assert sorted(k.split("::")[-1] for k in result["failures"]) == [
         "test_crashes_on_pjrt", "test_fails_on_pjrt", "test_leaves_an_index_error_queued"]
     assert "IndexError" in result["failures"][next(k for k in result["failures"] if "queued" in k)]["message"]
     assert [k.split("::")[-1] for k in result["crashes"]] == ["test_crashes_on_pjrt"]
     report = (tmp_path / "out.md").read_text()
-    assert "| test_tiny | 6 | 3 | 50.0% | 2 | 1 | 1 | 0 |" in report
+    assert "| test_tiny | 7 | 4 | 57.1% | 2 | 1 | 1 | 0 |" in report
     assert len(result["by_convention"]) == 1 and "convolution_overrideable" in report
     # a file that does not import is said so, with its error, and has no rate
     assert "| test_broken | did not import: ImportError: cannot import name 'no_such'" in report

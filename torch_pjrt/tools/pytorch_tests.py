@@ -70,6 +70,26 @@ for (_module, _name), _value in _DROPPED.items():
     if not hasattr(_module, _name):
         setattr(_module, _name, _value())
 
+
+# The foreach OpInfos' samples carried their test's flags as kwargs then: `zero_size` (True only for
+# float32 on CUDA), `disable_fastpath` (now an attribute) and, for pointwise ops, `values` (now
+# `value` or `scalars`); test_foreach pops them (a KeyError on every device without them).
+def _foreach_samples_as_in_2023(sample_inputs):
+    def samples(self, device, dtype, requires_grad=False, **kwargs):
+        for sample in sample_inputs(self, device, dtype, requires_grad, **kwargs):
+            if isinstance(self, _methods.ForeachFuncInfo) and "zero_size" not in sample.kwargs:
+                sample.kwargs["zero_size"] = False
+                sample.kwargs["disable_fastpath"] = getattr(sample, "disable_fastpath", False)
+                if any(self is op for op in _methods.foreach_pointwise_op_db):
+                    sample.kwargs["values"] = sample.kwargs.pop("value", sample.kwargs.pop("scalars", None))
+            yield sample
+    return samples
+
+
+if not hasattr(_methods.ForeachFuncInfo, "_pjrt_samples_as_in_2023"):
+    _methods.ForeachFuncInfo.sample_inputs = _foreach_samples_as_in_2023(_methods.ForeachFuncInfo.sample_inputs)
+    _methods.ForeachFuncInfo._pjrt_samples_as_in_2023 = True
+
 _LOG = os.environ["PJRT_TESTS_LOG"]
 _TIMEOUT = int(os.environ.get("PJRT_TESTS_TIMEOUT", "60"))
 
