@@ -203,6 +203,25 @@ def test_a_region_holds_one_threads_calls(mode):
     assert _fused_stats()["pending_ops"] == 0
 
 
+def test_a_call_waiting_for_the_regions_lock_keeps_its_operands(mode):
+    """Threads share an op's C++ kernel, and a call waits for fused._lock without the GIL: the
+    call another thread makes meanwhile (the same op, other operands) must not become its call.
+    (Per-kernel scratch state did: a PowerSGD callback recorded another thread's operands, or
+    read a freed one: "Pending.value is unset".)"""
+    mode("fused")
+    a, b = torch.full((8,), 1.0, device="pjrt"), torch.full((8,), 5.0, device="pjrt")
+    (a * 3).cpu(), (b * 3).cpu()  # both signatures known: neither call leaves C++ to trace
+    got = {}
+    with fused._lock:  # the other thread's call waits for it, inside the kernel
+        thread = threading.Thread(target=lambda: got.setdefault("a", (a * 3).cpu()))
+        thread.start()
+        thread.join(timeout=0.5)  # (it is still waiting: the lock is held here)
+        mine = b * 3  # the same kernel, on this thread, while that call waits
+    thread.join()
+    assert torch.equal(got["a"], torch.full((8,), 3.0))
+    assert torch.equal(mine.cpu(), torch.full((8,), 15.0))
+
+
 def test_deterministic_mode_runs_op_by_op(mode):
     mode("fused")
     x = torch.randn(16, 16).to("pjrt")

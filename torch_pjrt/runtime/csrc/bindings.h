@@ -111,8 +111,8 @@ void end_region(PyObject* region, PyObject* reason);
 // the caches of traces if torch's default dtype changed since they were made.
 void safe_point();
 // A Pending's array, running its region first where it has not run (a sync point named `reason`,
-// "host read" when null), borrowed; nullptr where the region failed (its error was raised then).
-PyObject* pending_value(PyObject* pending, PyObject* reason = nullptr);
+// "host read" when null); null where the region failed (its error was raised then).
+py::object pending_value(PyObject* pending, PyObject* reason = nullptr);
 // A storage's buffer replaced by `now` (a Pending) where it was `before` (an array): the
 // Pending remembers which (Pending.replaces), for region_plan.
 void note_replaced(PyObject* now, PyObject* before);
@@ -142,10 +142,13 @@ class CallRecorder {
   // fused.record must record the call instead: with an error set, the call's own error.
   // `padded`: the call's padded operand, if any; the signature's description says how much the
   // padded result grows (kernels.SignatureTraits.grows_by), and a call whose result would not fit
-  // the operand's capacity is left to the Python kernel (it grows the storage).
-  PyObject* record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded = {});
-  // The recordable's description (Recordable.describe) of the signature record() last recorded, borrowed.
-  PyObject* description() const { return description_; }
+  // the operand's capacity is left to the Python kernel (it grows the storage). `description`,
+  // where given: the signature's description (Recordable.describe), a new reference, for a
+  // recorded call.
+  // Threads share a recorder (one per kernel) and a call can wait without the GIL (for fused._lock,
+  // in a region's run), so a call's state lives on its own stack, never in the recorder.
+  PyObject* record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded = {},
+                   PyObject** description = nullptr);
   int64_t recorded = 0;  // calls recorded here
 
  private:
@@ -158,21 +161,23 @@ class CallRecorder {
     std::vector<py::object> constants;  // per operand: the signature's own value (a view's offset scalar), or null
     py::object description;  // Recordable.describe(args) on first sight (None without one)
   };
-  bool view_key(PyObject* view);
-  bool padded_key(PyObject* operand);
-  bool operand_key(PyObject* leaf);
+  struct Scratch {  // one call's signature key and operands (arrays and Pendings; null: a constant)
+    std::vector<int64_t> key;
+    std::vector<PyObject*> leaves;  // borrowed from the call's `values`, which holds them
+  };
+  static bool view_key(PyObject* view, Scratch& call);
+  static bool padded_key(PyObject* operand, Scratch& call);
+  static bool operand_key(PyObject* leaf, Scratch& call);
   struct KeyHash {
     size_t operator()(const std::vector<int64_t>& key) const;
   };
   PyObject* recordable_;  // fused.Recordable
   std::vector<bool> is_static_;  // per argument: a static argument of the recordable
   // never freed, as the kernels are not: their Python objects must outlive the interpreter's end
-  std::unordered_map<std::vector<int64_t>, Signature, KeyHash>& signatures_ =
-      *new std::unordered_map<std::vector<int64_t>, Signature, KeyHash>();
+  // (shared: a call keeps its signature while another thread clears the table)
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Signature>, KeyHash>& signatures_ =
+      *new std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Signature>, KeyHash>();
   uint64_t generation_ = 0;  // forget_recorded_signatures() calls seen: a new one clears signatures_
-  std::vector<int64_t> key_;      // scratch
-  std::vector<PyObject*> leaves_;  // scratch: the call's operands (arrays and Pendings; null: a constant)
-  PyObject* description_ = Py_None;
 };
 
 // ---- fast_path.cpp ----

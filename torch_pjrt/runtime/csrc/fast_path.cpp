@@ -131,9 +131,9 @@ static void raise_pending_index_checks() {
   }
   bool ask_python = false;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(seen.ptr()) && !ask_python; i++) {
-    PyObject* flag = PyList_GET_ITEM(seen.ptr(), i);
-    if (is_pending(flag)) flag = pending_value(flag);
-    ask_python = !flag || host_flag(flag) != 0;
+    py::object flag = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(seen.ptr(), i));
+    if (is_pending(flag.ptr())) flag = pending_value(flag.ptr());
+    ask_python = !flag || host_flag(flag.ptr()) != 0;
   }
   if (!ask_python) return;
   PyObject* r = PyObject_CallFunctionObjArgs(g_checks.raise_if_found, seen.ptr(), queued.ptr(), nullptr);
@@ -276,18 +276,18 @@ class FastKernel : public c10::OperatorKernel {
     safe_point();
     py::object result, traits;
     int device = -1;
-    padded_ = PaddedCall();
+    PaddedCall padded;  // per call, not per kernel: another thread may run this kernel while this call waits
     {
       auto args = torch::jit::last(*stack, n);
       py::tuple values(n);
       bool fast = true;
       for (size_t i = 0; i < n && fast; i++) {
-        py::object value = operand(args[i], kinds_[i], device, fast, store_ && i == 0);
+        py::object value = operand(args[i], kinds_[i], device, fast, store_ && i == 0, padded);
         if (fast) PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
       }
       // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
-      result = call(args.data(), values, device, traits);
+      result = call(args.data(), values, device, traits, padded);
       if (!result) return slow(op, stack, n);
     }
     if (store_) {
@@ -304,7 +304,7 @@ class FastKernel : public c10::OperatorKernel {
       return;
     }
     torch::jit::drop(*stack, n);
-    push_results(op, stack, result, c10::DeviceIndex(device), traits);
+    push_results(op, stack, result, c10::DeviceIndex(device), traits, padded);
   }
 
  protected:
@@ -312,8 +312,9 @@ class FastKernel : public c10::OperatorKernel {
   // can, else by fused.record); a null object when the call failed: the Python kernel runs it
   // again and raises what CPU torch raises (errors.py).
   // `traits`: the signature's description, for a described kernel.
-  py::object call(const c10::IValue* args, const py::tuple& values, int device, py::object& traits) {
-    if (described_) return call_described(args, values, device, traits);
+  py::object call(const c10::IValue* args, const py::tuple& values, int device, py::object& traits,
+                  const PaddedCall& padded = {}) {
+    if (described_) return call_described(args, values, device, traits, padded);
     PyObject* out;
     if (g_fused && !at::globalContext().deterministicAlgorithms()) {  // Recordable.__call__'s test
       out = recorder_.record(args, values.ptr(), device);
@@ -336,7 +337,8 @@ class FastKernel : public c10::OperatorKernel {
   // makes it: with the device's seen flag as its last operand; the new flag and each probe's
   // findings (found, position, value) go to the queue beside the exception and op its
   // description names.
-  py::object call_described(const c10::IValue* args, const py::tuple& values, int device, py::object& traits) {
+  py::object call_described(const c10::IValue* args, const py::tuple& values, int device, py::object& traits,
+                            const PaddedCall& padded) {
     if (!g_fused || at::globalContext().deterministicAlgorithms() || (checked_ && synchronous_index_checks()))
       return py::object();
     py::object result;
@@ -363,14 +365,15 @@ class FastKernel : public c10::OperatorKernel {
           PyTuple_SET_ITEM(operands.ptr(), i, py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(values.ptr(), i)).release().ptr());
         PyTuple_SET_ITEM(operands.ptr(), n, flag.release().ptr());
       }
-      PyObject* out = recorder_.record(args, operands.ptr(), device, padded_);
+      PyObject* description = nullptr;
+      PyObject* out = recorder_.record(args, operands.ptr(), device, padded, &description);
       if (!out) {  // a call the recorder leaves to Python, or the call's own error: the Python kernel
         if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
         PyErr_Clear();
         return py::object();
       }
       result = py::reinterpret_steal<py::object>(out);
-      traits = py::reinterpret_borrow<py::object>(recorder_.description());
+      traits = py::reinterpret_steal<py::object>(description);
       TORCH_CHECK(PyTuple_Check(traits.ptr()) && PyTuple_GET_SIZE(traits.ptr()) == 4, "pjrt: ", name_,
                   "'s signature has no (checks, appends, ints, grows_by) description");
       if (checked_) {
@@ -405,12 +408,12 @@ class FastKernel : public c10::OperatorKernel {
 
   // One argument as the executable takes it; clears `fast` where the Python kernel must decide.
   // `written`: self of an in-place op.
-  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written) {
+  py::object operand(const c10::IValue& v, int kind, int& device, bool& fast, bool written, PaddedCall& padded) {
     if (kind == kTensorList) {  // each element as a tensor operand (a foreach op's lists)
       auto tensors = v.toTensorList();
       py::list out(tensors.size());
       for (size_t i = 0; i < tensors.size() && fast; i++) {
-        py::object item = tensor_operand(tensors[i], device, fast, written);
+        py::object item = tensor_operand(tensors[i], device, fast, written, padded);
         if (fast) PyList_SET_ITEM(out.ptr(), i, item.release().ptr());
       }
       if (written && fast && shares_storage(tensors)) fast = false;  // CPU's order of writes: the Python kernel
@@ -435,7 +438,7 @@ class FastKernel : public c10::OperatorKernel {
     if (kind == kDevice) return device_operand(v, device, fast);
     if (kind != kTensor) return static_value(v, kind);
     if (v.isNone()) return py::none();
-    return tensor_operand(v.toTensor(), device, fast, written);
+    return tensor_operand(v.toTensor(), device, fast, written, padded);
   }
 
   // A wrapped number's value, read from its CPU memory (item() would dispatch _local_scalar_dense).
@@ -476,7 +479,7 @@ class FastKernel : public c10::OperatorKernel {
     return static_value(v, kStatic);
   }
 
-  py::object tensor_operand(const at::Tensor& t, int& device, bool& fast, bool written) {
+  py::object tensor_operand(const at::Tensor& t, int& device, bool& fast, bool written, PaddedCall& padded) {
     if (!t.defined()) return py::none();
     if (t.device().type() == kPjrt) {
       int index = t.device().index();
@@ -489,7 +492,7 @@ class FastKernel : public c10::OperatorKernel {
       settle(h);
       if (grows_ && h && h->buffer && Py_TYPE(h->buffer) == reinterpret_cast<PyTypeObject*>(g_growth.padded_type) &&
           !h->appended && is_whole_buffer(t, h))
-        return padded_operand(h->buffer, fast);
+        return padded_operand(h->buffer, fast, padded);
       if (grows_ && h && (h->appended || (h->buffer && !is_pending(h->buffer) &&
                                           Py_TYPE(h->buffer) != reinterpret_cast<PyTypeObject*>(g_eager.array_type)))) {
         fast = false;  // a growing storage (an append's first result, or a view of a padded one): the Python kernel
@@ -514,17 +517,17 @@ class FastKernel : public c10::OperatorKernel {
   // PaddedOperand of its array and its length as a traced scalar. Several in one call (attention's
   // keys and values) have one length and capacity; others are the Python kernel's (it runs such
   // calls at exact sizes).
-  py::object padded_operand(PyObject* buffer, bool& fast) {
+  py::object padded_operand(PyObject* buffer, bool& fast, PaddedCall& padded) {
     py::object array = attr(buffer, g_growth.array), axis = attr(buffer, g_growth.axis);
     py::object length = attr(buffer, g_growth.length);
     const int64_t n = length.cast<int64_t>();
     const int64_t capacity = array_type(array).shape.at(axis.cast<size_t>());
-    if (padded_.length >= 0 && (padded_.length != n || padded_.capacity != capacity)) {
+    if (padded.length >= 0 && (padded.length != n || padded.capacity != capacity)) {
       fast = false;
       return py::none();
     }
-    padded_.length = n;
-    padded_.capacity = capacity;
+    padded.length = n;
+    padded.capacity = capacity;
     PyObject* traced = PyObject_CallOneArg(g_growth.offset_operand, length.ptr());
     if (!traced) throw python_error();
     return new_slotted(g_growth.padded_operand_type,
@@ -579,12 +582,12 @@ class FastKernel : public c10::OperatorKernel {
 
   // `traits` (a described kernel's): its int returns, and whether the result is an append's
   void push_results(const c10::OperatorHandle& op, torch::jit::Stack* stack, const py::object& result,
-                    c10::DeviceIndex device, const py::object& traits) {
+                    c10::DeviceIndex device, const py::object& traits, const PaddedCall& padded) {
     PyObject* ints = traits ? PyTuple_GET_ITEM(traits.ptr(), 2) : nullptr;
     py::tuple call_ints;
-    if (padded_.length >= 0) {  // recorded only where its traits say how it grows (recorder.cpp)
+    if (padded.length >= 0) {  // recorded only where its traits say how it grows (recorder.cpp)
       if (Py_TYPE(result.ptr()) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) {  // an append
-        const int64_t length = padded_.length + PyLong_AsLongLong(PyTuple_GET_ITEM(traits.ptr(), 3));
+        const int64_t length = padded.length + PyLong_AsLongLong(PyTuple_GET_ITEM(traits.ptr(), 3));
         torch::jit::push(*stack, wrap_padded(result, length, device));
         return;
       }
@@ -592,7 +595,7 @@ class FastKernel : public c10::OperatorKernel {
       call_ints = py::tuple(PyTuple_GET_SIZE(ints));
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ints); i++) {
         PyObject* value = PyTuple_GET_ITEM(ints, i);
-        call_ints[i] = value == Py_None ? py::int_(padded_.length) : py::reinterpret_borrow<py::object>(value);
+        call_ints[i] = value == Py_None ? py::int_(padded.length) : py::reinterpret_borrow<py::object>(value);
       }
       ints = call_ints.ptr();
     }
@@ -667,7 +670,6 @@ class FastKernel : public c10::OperatorKernel {
   bool checked_;
   bool grows_;
   bool has_operands_ = false;  // tensor operands say where the call runs; a factory's device argument alone
-  PaddedCall padded_;  // the call's padded operand (ops that grow), reset per call; the GIL guards it
 
  public:
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
@@ -761,7 +763,8 @@ class ScalarReadKernel : public FastKernel {
       return slow_read(stack);
     raise_pending_index_checks();  // a host sync: an earlier call's out-of-range index raises here
     if (is_pending(h->buffer) && !pending_value(h->buffer)) return slow_read(stack);  // its region failed
-    settle(h);
+    settle(h);  // (another thread may have given the storage a new buffer while the region ran)
+    if (!is_array(h->buffer)) return slow_read(stack);
     py::object array = py::reinterpret_borrow<py::object>(h->buffer);
     c10::Scalar value = element(array, self);
     fast_calls_++;

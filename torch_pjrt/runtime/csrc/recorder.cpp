@@ -436,13 +436,16 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   return true;
 }
 
-PyObject* pending_value(PyObject* pending, PyObject* reason) {
+py::object pending_value(PyObject* pending, PyObject* reason) {
   PyObject* value = g_pending.value.get(pending);
-  if (value != Py_None) return value;
+  if (value != Py_None) return borrowed(value);
+  // held while its region runs: a caller's pointer may be borrowed from a storage's buffer, which
+  // another thread may replace (and release) while this one waits for the lock or XLA without the GIL
+  py::object held = borrowed(pending);
   py::object region = borrowed(g_pending.region.get(pending));
   if (!region.is_none()) end_region(region.ptr(), reason ? reason : g_rec.host_read);
   value = g_pending.value.get(pending);
-  return value == Py_None ? nullptr : value;
+  return value == Py_None ? py::object() : borrowed(value);
 }
 
 void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
@@ -461,53 +464,53 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
 
 // A StridedView operand (storage.py): its buffer's aval and its geometry as key words; its
 // leaves are the buffer and the offset's scalar (a constant of the signature: nullptr here).
-bool CallRecorder::view_key(PyObject* view) {
+bool CallRecorder::view_key(PyObject* view, Scratch& call) {
   py::object geometry = attr(view, g_rec.geometry);
   py::object buffer = attr(view, g_rec.buffer);
   if (!PyTuple_CheckExact(geometry.ptr()) || PyTuple_GET_SIZE(geometry.ptr()) != 6 || !is_value(buffer.ptr()))
     return false;  // a padded buffer's geometry, another buffer: fused.record
-  key_.insert(key_.end(), {9, reinterpret_cast<intptr_t>(attr(buffer.ptr(), g_rec.aval).ptr())});
+  call.key.insert(call.key.end(), {9, reinterpret_cast<intptr_t>(attr(buffer.ptr(), g_rec.aval).ptr())});
   for (int part = 0; part < 2; part++) {  // sizes, strides
     PyObject* dims = PyTuple_GET_ITEM(geometry.ptr(), part);
     if (!PyTuple_CheckExact(dims)) return false;
-    key_.push_back(PyTuple_GET_SIZE(dims));
-    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(dims); d++) key_.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d)));
+    call.key.push_back(PyTuple_GET_SIZE(dims));
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(dims); d++) call.key.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d)));
   }
-  key_.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(geometry.ptr(), 2)));  // offset (the view's static part depends on it)
+  call.key.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(geometry.ptr(), 2)));  // offset (the view's static part depends on it)
   if (PyErr_Occurred()) throw python_error();
-  for (int part = 3; part < 6; part++) key_.push_back(reinterpret_cast<intptr_t>(PyTuple_GET_ITEM(geometry.ptr(), part)));
-  leaves_.push_back(buffer.ptr());  // the view holds it
-  leaves_.push_back(nullptr);
+  for (int part = 3; part < 6; part++) call.key.push_back(reinterpret_cast<intptr_t>(PyTuple_GET_ITEM(geometry.ptr(), part)));
+  call.leaves.push_back(buffer.ptr());  // the view holds it
+  call.leaves.push_back(nullptr);
   return true;
 }
 
 // A PaddedOperand (ops/growth.py): its array's aval and its axis as key words; its leaves are
 // the array and its length (a traced scalar: every call of a growing cache has another).
-bool CallRecorder::padded_key(PyObject* operand) {
+bool CallRecorder::padded_key(PyObject* operand, Scratch& call) {
   py::object array = attr(operand, g_growth.array);
   py::object length = attr(operand, g_growth.length);
   if (!is_value(array.ptr()) || !is_value(length.ptr())) return false;
-  key_.insert(key_.end(), {11, reinterpret_cast<intptr_t>(attr(array.ptr(), g_rec.aval).ptr()),
+  call.key.insert(call.key.end(), {11, reinterpret_cast<intptr_t>(attr(array.ptr(), g_rec.aval).ptr()),
                            attr(operand, g_growth.axis).cast<int64_t>()});
-  leaves_.push_back(array.ptr());  // the operand holds them
-  leaves_.push_back(length.ptr());
+  call.leaves.push_back(array.ptr());  // the operand holds them
+  call.leaves.push_back(length.ptr());
   return true;
 }
 
 // One operand (None, a StridedView, a PaddedOperand, an array or a Pending) as key words and
 // leaves; false for anything else (fused.record then).
-bool CallRecorder::operand_key(PyObject* leaf) {
+bool CallRecorder::operand_key(PyObject* leaf, Scratch& call) {
   if (leaf == Py_None) {  // an empty pytree: no leaf
-    key_.push_back(0);
+    call.key.push_back(0);
     return true;
   }
-  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) return view_key(leaf);
-  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) return padded_key(leaf);
+  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.strided_view_type)) return view_key(leaf, call);
+  if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_growth.padded_operand_type)) return padded_key(leaf, call);
   if (!is_value(leaf)) return false;
   PyObject* aval = Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type) ? g_pending.aval.get(leaf)
                                                                                         : attr(leaf, g_rec.aval).ptr();
-  key_.push_back(reinterpret_cast<intptr_t>(aval));  // held by the signature (an array's aval: by the array)
-  leaves_.push_back(leaf);
+  call.key.push_back(reinterpret_cast<intptr_t>(aval));  // held by the signature (an array's aval: by the array)
+  call.leaves.push_back(leaf);
   return true;
 }
 
@@ -521,43 +524,49 @@ size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const 
   return h;
 }
 
-PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded) {
+PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int device, const PaddedCall& padded,
+                               PyObject** description) {
   if (!g_ready) return nullptr;
   const Py_ssize_t n = PyTuple_GET_SIZE(values);
   if (is_static_.empty()) {
-    is_static_.assign(size_t(n), false);
-    for (auto i : attr(recordable_, g_rec.static_)) is_static_[i.cast<size_t>()] = true;
+    std::vector<bool> is_static(size_t(n), false);
+    for (auto i : attr(recordable_, g_rec.static_)) is_static[i.cast<size_t>()] = true;
+    if (is_static_.empty()) is_static_ = std::move(is_static);
   }
   // the signature: static arguments by value, operands by aval (the same aval object: the same signature)
-  key_.clear();
-  leaves_.clear();
+  Scratch scratch;
+  scratch.key.reserve(32);
+  scratch.leaves.reserve(8);
   for (Py_ssize_t i = 0; i < n; i++) {
     if (is_static_[i]) {
-      if (!static_key(args[i], key_)) return nullptr;
+      if (!static_key(args[i], scratch.key)) return nullptr;
       continue;
     }
     PyObject* leaf = PyTuple_GET_ITEM(values, i);
     if (PyList_CheckExact(leaf)) {  // a tensor list or a scalar list: its items in order, as a pytree flattens them
       const Py_ssize_t size = PyList_GET_SIZE(leaf);
-      key_.insert(key_.end(), {10, int64_t(size)});
+      scratch.key.insert(scratch.key.end(), {10, int64_t(size)});
       for (Py_ssize_t k = 0; k < size; k++)
-        if (!operand_key(PyList_GET_ITEM(leaf, k))) return nullptr;
+        if (!operand_key(PyList_GET_ITEM(leaf, k), scratch)) return nullptr;
       continue;
     }
-    if (!operand_key(leaf)) return nullptr;
+    if (!operand_key(leaf, scratch)) return nullptr;
   }
   if (generation_ != g_signature_generation) {
     signatures_.clear();
     generation_ = g_signature_generation;
   }
-  auto found = signatures_.find(key_);
-  if (found == signatures_.end()) {
+  std::shared_ptr<const Signature> known;
+  auto found = signatures_.find(scratch.key);
+  if (found != signatures_.end()) {
+    known = found->second;
+  } else {
     PyObject* answer = PyObject_CallFunctionObjArgs(g_rec.call_signature, recordable_, values, nullptr);
     if (!answer) return nullptr;  // the call's error: the kernel's Python path raises it as CPU torch would
     py::object signature = py::reinterpret_steal<py::object>(answer);
     if (signature.is_none()) return nullptr;
-    if (signatures_.size() > 4096) signatures_.clear();
-    Signature s;
+    auto fresh = std::make_shared<Signature>();
+    Signature& s = *fresh;
     s.call_id = signature[py::int_(0)];
     s.call_number = s.call_id.cast<int64_t>();
     s.treedef = signature[py::int_(1)];
@@ -565,22 +574,24 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     s.out_treedef = signature[py::int_(3)];
     for (auto aval : signature[py::int_(4)]) s.out_avals.push_back(py::reinterpret_borrow<py::object>(aval));
     py::list leaves = signature[py::int_(5)];
-    if (size_t(py::len(leaves)) != leaves_.size()) return nullptr;  // a pytree this recorder does not know
-    for (size_t j = 0; j < leaves_.size(); j++) {
-      py::object leaf = leaves_[j] ? py::reinterpret_borrow<py::object>(leaves_[j]) : leaves[j];
+    if (size_t(py::len(leaves)) != scratch.leaves.size()) return nullptr;  // a pytree this recorder does not know
+    for (size_t j = 0; j < scratch.leaves.size(); j++) {
+      py::object leaf = scratch.leaves[j] ? py::reinterpret_borrow<py::object>(scratch.leaves[j]) : leaves[j];
       py::object aval = attr(leaf.ptr(), g_rec.aval);
       s.scalar.push_back(py::len(attr(aval.ptr(), g_rec.shape)) == 0);
       s.held.push_back(std::move(aval));
-      s.constants.push_back(leaves_[j] ? py::object() : leaf);
+      s.constants.push_back(scratch.leaves[j] ? py::object() : leaf);
     }
     s.description = signature[py::int_(6)];
-    found = signatures_.emplace(key_, std::move(s)).first;
+    if (signatures_.size() > 4096) signatures_.clear();
+    signatures_[scratch.key] = fresh;
+    known = std::move(fresh);
   }
-  const Signature& s = found->second;
-  description_ = s.description.ptr();
+  const Signature& s = *known;
+  PyObject* described = s.description.ptr();
   if (padded.length >= 0) {  // an append onto a padded storage: recorded here only if it fits
-    PyObject* grows_by = PyTuple_Check(description_) && PyTuple_GET_SIZE(description_) > 3
-                             ? PyTuple_GET_ITEM(description_, 3) : Py_None;
+    PyObject* grows_by = PyTuple_Check(described) && PyTuple_GET_SIZE(described) > 3
+                             ? PyTuple_GET_ITEM(described, 3) : Py_None;
     if (grows_by == Py_None || padded.length + PyLong_AsLongLong(grows_by) > padded.capacity) return nullptr;
   }
 
@@ -593,10 +604,10 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     if (!region_device.is_none() && region_device.cast<int>() != device) return nullptr;  // record ends the region
   }
   // each operand: the slot of a pending output of this region, or an input of the region
-  std::vector<py::object> operands(leaves_.size());
-  for (size_t j = 0; j < leaves_.size(); j++) {
-    if (!leaves_[j]) leaves_[j] = s.constants[j].ptr();
-    PyObject* leaf = leaves_[j];
+  std::vector<py::object> operands(scratch.leaves.size());
+  for (size_t j = 0; j < scratch.leaves.size(); j++) {
+    if (!scratch.leaves[j]) scratch.leaves[j] = s.constants[j].ptr();
+    PyObject* leaf = scratch.leaves[j];
     if (Py_TYPE(leaf) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type)) {
       py::object value = borrowed(g_pending.value.get(leaf));
       if (value.is_none() && g_pending.region.get(leaf) == region) {
@@ -604,9 +615,8 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
         continue;
       }
       if (value.is_none()) {  // another thread's region (backward reading the forward's): it runs first
-        PyObject* ran = pending_value(leaf, g_rec.another_thread);
-        if (!ran) return nullptr;  // its region failed: fused.record raises that
-        value = borrowed(ran);
+        value = pending_value(leaf, g_rec.another_thread);
+        if (!value) return nullptr;  // its region failed: fused.record raises that
         if (g_region.ran.get(region) == Py_True) return nullptr;  // this thread's region ran too: record anew
       }
       leaf = value.ptr();
@@ -618,8 +628,8 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   // nothing returns early from here on: the region takes the call
   py::object inputs = borrowed(g_region.inputs.get(region));
   py::object index = borrowed(g_region.input_index.get(region));
-  py::tuple refs(leaves_.size());
-  for (size_t j = 0; j < leaves_.size(); j++) {
+  py::tuple refs(scratch.leaves.size());
+  for (size_t j = 0; j < scratch.leaves.size(); j++) {
     PyObject* operand = operands[j].ptr();
     if (PyLong_CheckExact(operand)) {  // a pending slot
       PyTuple_SET_ITEM(refs.ptr(), j, operands[j].release().ptr());
@@ -627,7 +637,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     }
     Py_ssize_t k = PyList_GET_SIZE(inputs.ptr());
     // the same array twice is one input; a scalar is an input of its own (fused.record says why)
-    bool scalar = s.scalar[j] || Py_TYPE(leaves_[j]) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
+    bool scalar = s.scalar[j] || Py_TYPE(scratch.leaves[j]) == reinterpret_cast<PyTypeObject*>(g_rec.pending_type);
     if (!scalar) {
       py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(operand));
       PyObject* known = PyDict_GetItemWithError(index.ptr(), id.ptr());
@@ -666,6 +676,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   if (recorded_calls + 1 >= attr(g_rec.fused, g_rec.max_calls).cast<Py_ssize_t>()) {
     end_region(region, g_rec.max_ops);
   }
+  if (description) *description = py::object(s.description).release().ptr();
   return result.release().ptr();
 }
 
