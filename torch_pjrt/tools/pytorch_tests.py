@@ -107,6 +107,17 @@ def _alarm(signum, frame):
     raise _Timeout(f"timed out after {_TIMEOUT} s")
 
 
+def pytest_collection_modifyitems(items):
+    """--only-cpu-passing: the tests that did not pass on the CPU are skipped on pjrt (not in the rate)."""
+    if os.environ.get("PJRT_TESTS_NOT_RUN"):
+        with open(os.environ["PJRT_TESTS_NOT_RUN"]) as f:
+            not_run = set(json.load(f))
+        mark = pytest.mark.skip(reason="not run on pjrt: it did not pass on the CPU (--only-cpu-passing)")
+        for item in items:
+            if item.nodeid in not_run:
+                item.add_marker(mark)
+
+
 def pytest_collection_finish(session):
     _write({"collected": [item.nodeid for item in session.items]})
 
@@ -201,13 +212,16 @@ def _records(log: Path) -> tuple[dict, str | None]:
 
 
 def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
-             select: str | None = None) -> dict:
-    """Every test of one file on one device (those `select`, a pytest -k expression, selects):
-    {test id: record}."""
+             select: str | None = None, not_run: list[str] | None = None) -> dict:
+    """Every test of one file on one device (those `select`, a pytest -k expression, selects; those
+    `not_run` names are skipped): {test id: record}."""
     log = scratch / f"{name.replace('/', '_')}.{device}.jsonl"
     log.unlink(missing_ok=True)
     environment = {**os.environ, "PYTORCH_TESTING_DEVICE_ONLY_FOR": device, "PJRT_TESTS_LOG": str(log),
                    "PJRT_TESTS_TIMEOUT": str(timeout)}
+    if not_run:
+        (scratch / "not_run.json").write_text(json.dumps(not_run))
+        environment["PJRT_TESTS_NOT_RUN"] = str(scratch / "not_run.json")
     done: dict = {"collected": set()}
     deadline = time.monotonic() + budget
     # only the device-generic tests (the device's instances: class TestFooCPU, TestFooPRIVATEUSE1); a
@@ -248,6 +262,14 @@ def _key(test: str, device: str) -> str:
     test = re.sub(r"(PRIVATEUSE1|PJRT|CPU)(?=::)", "", test)
     head, sep, tail = test.rpartition(f"_{device}")
     return head + tail if sep else test
+
+
+def _pjrt_id(test: str) -> str:
+    """The id pjrt's instance of a CPU test has (TestFooCPU::test_x_cpu_float32 ->
+    TestFooPRIVATEUSE1::test_x_pjrt_float32)."""
+    test = re.sub(r"CPU(?=::)", "PRIVATEUSE1", test)
+    head, sep, tail = test.rpartition("_cpu")
+    return head + "_pjrt" + tail if sep else test
 
 
 # Failures that follow torch's conventions for PrivateUse1 devices where the 2023 test expects a
@@ -366,6 +388,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test (signal.alarm)")
     parser.add_argument("--budget", type=float, default=3600, help="seconds per file and device")
     parser.add_argument("--select", default=None, help="only the tests this pytest -k expression selects")
+    parser.add_argument("--only-cpu-passing", action="store_true",
+                        help="run on pjrt only the tests that passed on the CPU (the rate's tests; the others are "
+                             "skipped there, so tests that pass on pjrt alone are not counted)")
     parser.add_argument("--json", type=Path, help="write every test's outcome here")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
     opts = parser.parse_args(argv)
@@ -374,8 +399,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="pytorch-tests-") as scratch:
         _copy_tests(opts.pytorch, opts.commit, files, Path(scratch))
         for name in files:
-            by_device = {device: run_file(Path(scratch), name, device, opts.timeout, opts.budget, opts.select)
-                         for device in ("cpu", "pjrt")}
+            by_device = {"cpu": run_file(Path(scratch), name, "cpu", opts.timeout, opts.budget, opts.select)}
+            not_run = [_pjrt_id(t) for t, r in by_device["cpu"].items()
+                       if _generic(t, "cpu") and r["outcome"] != "passed"] if opts.only_cpu_passing else None
+            by_device["pjrt"] = run_file(Path(scratch), name, "pjrt", opts.timeout, opts.budget, opts.select, not_run)
             raw[name] = by_device
             results[name] = compare(by_device["cpu"], by_device["pjrt"])
             r = results[name]
