@@ -462,7 +462,7 @@ def test_where(pair):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64), ids=str)
 def test_lerp(dtype):
     a, b = make(dtype, seed=1, special=False), make(dtype, seed=2)
-    for w in (0.0, 0.25, 0.5, 0.75, 1.0, -1.5, 2.0):
+    for w in (0.0, 0.25, 0.5, 0.75, 1.0, -1.5, 2.0, True, False, 2):  # a bool or int Scalar weight is a number
         check(aten.lerp.Scalar, a, b, w)
     w = torch.rand(4, 5, generator=torch.Generator().manual_seed(0)).to(dtype) * 2 - 0.5
     check(aten.lerp.Tensor, a, b, w)

@@ -81,9 +81,10 @@ def test_lerp(dtype):
     xs, ys = tensors(dtype, seed=1, special=False), tensors(dtype, seed=2)
     ws = [torch.rand(x.shape, generator=torch.Generator().manual_seed(i)).to(dtype) for i, x in enumerate(xs)]
     check(aten._foreach_lerp.List, xs, ys, ws)
-    for w in (0.25, 0.75, -1.0):
+    for w in (0.25, 0.75, -1.0, True, False, 2):  # test_foreach's test_lerp: a bool weight (pjrt took it for a tensor)
         check(aten._foreach_lerp.Scalar, xs, ys, w)
     check(aten._foreach_lerp.ScalarList, xs, ys, [0.1, 0.6, 1.0, -2.0])
+    check(aten._foreach_lerp.ScalarList, xs, ys, [True, False, 3, 0.5])
 
 
 @pytest.mark.parametrize("name", ("addcmul", "addcdiv"))

@@ -449,12 +449,20 @@ def _lerp(a, b, w):
     return jnp.where(jnp.abs(w) < 0.5, a + w * (b - a), b - (b - a) * (1 - w))
 
 
-@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+@lowering(aten.lerp.Tensor)
 def lerp(self, end, weight):
     _same_dtype("lerp", "end", self, end)
     if hasattr(weight, "ndim") and not getattr(weight, "weak_type", False):
         _same_dtype("lerp", "weight", self, weight)
         return pointwise(_lerp, self, end, weight, name="lerp", allowed="fc")
+    return pointwise(_lerp, self, end, name="lerp", allowed="fc", scalars=(weight,))
+
+
+@lowering(aten.lerp.Scalar)
+def lerp_Scalar(self, end, weight):
+    """A Scalar weight is a number whatever it arrives as (a traced bool is no weak-typed array, and
+    is no tensor of another dtype: lerp(x, y, True) is y, as on the CPU)."""
+    _same_dtype("lerp", "end", self, end)
     return pointwise(_lerp, self, end, name="lerp", allowed="fc", scalars=(weight,))
 
 

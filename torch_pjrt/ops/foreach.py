@@ -122,13 +122,13 @@ def _foreach_lerp_List(self, tensors1, weights):
 @lowering(aten._foreach_lerp.Scalar)
 def _foreach_lerp_Scalar(self, tensors1, weight):
     _same_length("_foreach_lerp", self, tensors1)
-    return [ew.lerp(x, y, weight) for x, y in zip(self, tensors1)]
+    return [ew.lerp_Scalar(x, y, weight) for x, y in zip(self, tensors1)]
 
 
 @lowering(aten._foreach_lerp.ScalarList)
 def _foreach_lerp_ScalarList(self, tensors1, weight):
     _same_length("_foreach_lerp", self, tensors1, weight)
-    return [ew.lerp(x, y, w) for x, y, w in zip(self, tensors1, weight)]
+    return [ew.lerp_Scalar(x, y, w) for x, y, w in zip(self, tensors1, weight)]
 
 
 def _pointwise_ternary(op_name, fn):
