@@ -876,3 +876,16 @@ def test_a_fused_region_rounds_between_ops_as_cpu(dtype):
         total = (a + b) * 3 - a  # a chain: each op's result rounded, as CPU does
         expected = (a.cpu() + b.cpu()) * 3 - a.cpu()
         assert torch.equal(total.cpu(), expected), seed
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.tensor([True, False], device=d).add_(1),
+    lambda d: torch.tensor([True, False], device=d).mul_(2.5),
+    lambda d: torch.ones(2, dtype=torch.int64, device=d).add_(2.5),
+    lambda d: torch._foreach_add_([torch.tensor([True, False], device=d), torch.ones(1, 2, dtype=torch.bool, device=d)], 1),
+    lambda d: torch._foreach_mul_([torch.ones(3, dtype=torch.int8, device=d)], [0.5]),
+], ids=["add_", "mul_", "int_add_", "_foreach_add_", "_foreach_mul_"])
+def test_in_place_result_type_refusal_says_what_cpu_says(call):
+    # pjrt put the op's name first ("aten::_foreach_add_.Scalar: result type Long can't be cast ..."), so a
+    # foreach op_'s error was not its per-tensor op_'s (test_foreach's test_binary_op, bool)
+    assert_raises_like_cpu(call)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import default_dtype, executable_budget, fused, index_checks as bounds, storage
+from ..runtime import default_dtype, executable_budget, fused, index_checks as bounds, platform, storage
 from ..runtime.fused import Pending, Recordable
 
 from . import errors, paths, stats
@@ -404,11 +404,11 @@ _VALUES = (_ARRAY, Pending)  # what an executable's (or a recorded call's) plain
 
 
 def _check_castable(op, result_dtype, out: torch.Tensor):
+    """CPU's words, without the op's name: a foreach op_ raises what its per-tensor op_ raises (test_foreach
+    compares them), and CPU names neither."""
     if not torch.can_cast(result_dtype, out.dtype):
         raise RuntimeError(
-            f"{errors.op_label(op)}: result type {c10_name(result_dtype)} can't be cast to the desired output type "
-            f"{c10_name(out.dtype)}"
-        )
+            f"result type {c10_name(result_dtype)} can't be cast to the desired output type {c10_name(out.dtype)}")
 
 
 def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
@@ -692,6 +692,9 @@ def _install(op, kernel) -> None:
         _rt.register_to_copy_kernel(table.executable, table.run,
                                     lambda self, *rest: kernel(self, **dict(zip(keywords, rest))),
                                     table.call.fast_plan())
+        from . import transfer  # its uploads to pjrt and reads back in C++ as well
+
+        _rt.set_transfer_helpers(platform.put, transfer.device_facts)
     elif op is aten._local_scalar_dense.default and not FAST_PATH_DISABLED:  # ScalarReadKernel; large storages here
         from .transfer import WHOLE_STORAGE_READ
 
