@@ -24,13 +24,10 @@ from tests.checkout import environment
 
 WARMUP = 4  # a fused region's structure compiles at its second sight; the rest is steady
 
-# op -> why its calls still enter a Python kernel
-GPT_PYTHON_KERNELS = {
-    "aten::_to_copy": "the batch's host-to-device copies (transfer.py)",
-}
-DECODE_PYTHON_KERNELS = {
-    "aten::_to_copy": "the token read back to the host",
-}
+# op -> why its calls still enter a Python kernel: none (the batch's uploads and the token's read
+# back are ToCopyKernel's in C++ since 2026-12-05)
+GPT_PYTHON_KERNELS: dict = {}
+DECODE_PYTHON_KERNELS: dict = {}
 # The ops of each step whose C++ kernels need their call signature's traits (kernels.SignatureTraits:
 # index checks, appends, int returns): the recorder keeps them, so op by op these kernels leave
 # each call to the Python kernel.
@@ -236,6 +233,38 @@ def test_dtype_conversions_on_the_device_take_the_fast_path(mode):
         want = convert(x)
         assert value.device == px.device and value.dtype == want.dtype and value.stride() == want.stride()
         assert torch.equal(value.cpu(), want)
+
+
+def test_copies_between_the_host_and_pjrt_take_the_fast_path(mode):
+    """A row-major upload in the same dtype (a batch's `.to(device)`) and a whole storage read back
+    (`.cpu()` of a loss, a token) are ToCopyKernel's in C++: equal to the source, the source stays
+    the user's to change (the CPU client aliases host memory), the read is a host sync (a queued
+    index check raises there); other copies (a view, a dtype change on the way, bfloat16's upload)
+    stay in transfer.to_copy."""
+    g = torch.Generator().manual_seed(0)
+    sources = [torch.randn(3, 4, generator=g), torch.arange(6), torch.tensor([True, False]), torch.tensor(2.5),
+               torch.randn(2, 3, generator=g, dtype=torch.complex64), torch.empty(0, 3)]
+    torch_pjrt.reset_eager_stats()
+    uploaded = [s.to("pjrt") for s in sources]
+    read = [u.cpu() for u in uploaded]
+    counts = torch_pjrt.eager_stats()["paths"]["aten::_to_copy"]
+    assert (counts["fast"], counts["python_kernel"]) == (2 * len(sources), 0), counts
+    for s, u, r in zip(sources, uploaded, read):
+        assert u.device.type == "pjrt" and r.device.type == "cpu" and r.dtype == s.dtype
+        assert torch.equal(r, s)
+    before = sources[0].clone()
+    sources[0].add_(1)
+    assert torch.equal(uploaded[0].cpu(), before)
+    slow = [lambda: sources[0].t().to("pjrt"), lambda: uploaded[0][:, 1].cpu(),
+            lambda: uploaded[0].to("cpu", torch.float64), lambda: sources[0].bfloat16().to("pjrt")]
+    torch_pjrt.reset_eager_stats()
+    for copy in slow:
+        copy()
+    assert torch_pjrt.eager_stats()["paths"]["aten::_to_copy"]["python_kernel"] == len(slow)
+    x = torch.zeros(4, device="pjrt")
+    picked = x[torch.tensor([7], device="pjrt")]
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        picked.cpu()
 
 
 def test_in_place_writes_of_a_whole_storage_reshape_take_the_fast_path(mode):

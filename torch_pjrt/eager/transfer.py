@@ -92,6 +92,16 @@ def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_
     return host.to(device) if device.type != "cpu" else host
 
 
+def device_facts(index: int, dtype: torch.dtype) -> tuple[bool, bool]:
+    """What the C++ upload (fast_path.cpp's ToCopyKernel) asks once per device and dtype:
+    (whether the device's client aliases host memory, whether the device holds the dtype)."""
+    try:
+        platform.check_dtype(to_jax(dtype), index)
+    except TypeError:
+        return platform.device(index).platform == "cpu", False
+    return platform.device(index).platform == "cpu", True
+
+
 def _convert(value, dtype):
     return _converter(dtype)(value)
 

@@ -105,6 +105,8 @@ void digest_call(PyObject* digest, int64_t call_id, PyObject* refs);
 // nothing done, for anything else (a first sight, a compile, another device): fused._run's.
 // The caller holds fused._lock.
 bool run_cached_region(PyObject* region, PyObject* reason);
+// Run this thread's region, if it holds calls (fused.flush: a sync point named `reason`, "host read" when null).
+void flush_region(PyObject* reason = nullptr);
 // End `region` at a sync point named `reason`: run_cached_region, else fused.end_region.
 void end_region(PyObject* region, PyObject* reason);
 // A safe point (fast_path.cpp; runtime/safe_point.py): release JAX's executables if due, and drop
@@ -202,6 +204,8 @@ void register_clone_kernel(py::object read_view, py::object recorded_read_view, 
 // aten::_to_copy's C++ kernel (ToCopyKernel): the op table's lowering (`run`, `recorded`, with
 // the argument `kinds` of its fast plan) for a row-major copy on the tensor's own device; `slow`
 // (transfer.to_copy, positional) serves the other calls.
+// ToCopyKernel's uploads: `put` (platform.put) and `facts` (transfer.device_facts).
+void set_transfer_helpers(py::object put, py::object facts);
 void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds);
 // aten::_local_scalar_dense's C++ kernel (ScalarReadKernel): a storage of at most `max_elements`
 // elements is read on the host; `slow` (transfer.local_scalar_dense, a Python number) serves the rest.

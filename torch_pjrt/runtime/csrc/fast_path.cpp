@@ -55,6 +55,14 @@ struct EagerHelpers {
   std::array<PyObject*, 64> jax_dtypes{};  // by torch ScalarType; nullptr where JAX has none
 };
 static EagerHelpers g_eager;
+
+struct TransferHelpers {  // ToCopyKernel's uploads (set_transfer_helpers)
+  PyObject* put = nullptr;    // platform.put(numpy array, device index) -> a committed array
+  PyObject* facts = nullptr;  // transfer.device_facts(device index, dtype) -> (aliases host memory, holds dtype)
+};
+static TransferHelpers g_transfer;
+
+static bool is_array(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(g_eager.array_type); }
 GrowthHelpers g_growth;
 
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
@@ -719,8 +727,10 @@ class CloneKernel : public FastKernel {
 
 // aten::_to_copy of a pjrt tensor to its own device (a dtype conversion, or a copy) whose result
 // is row-major (contiguous_format, or preserve_format of a contiguous tensor): the op table's
-// `_to_copy` lowering, run or recorded like any table op. Copies between devices, other layouts,
-// pinned memory and any call the fast path cannot serve go to transfer.to_copy.
+// `_to_copy` lowering, run or recorded like any table op. A row-major copy between the host and
+// pjrt in the same dtype (a batch's upload, a result read back): served here too (`download`,
+// `upload`). Copies between pjrt devices, other layouts, pinned memory and any call the fast
+// path cannot serve go to transfer.to_copy.
 class ToCopyKernel : public FastKernel {
  public:
   using FastKernel::FastKernel;
@@ -729,14 +739,113 @@ class ToCopyKernel : public FastKernel {
     // self, dtype, layout, device, pin_memory, non_blocking, memory_format
     auto args = torch::jit::last(*stack, 7);
     const at::Tensor& self = args[0].toTensor();
+    auto dtype = args[1].toOptional<at::ScalarType>();
     auto layout = args[2].toOptional<c10::Layout>();
-    if (self.device().type() != kPjrt || !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
+    auto device = args[3].toOptional<c10::Device>();
+    const bool plain = (!dtype || *dtype == self.scalar_type()) && (!layout || *layout == c10::kStrided) &&
+                       !args[4].toOptional<bool>().value_or(false) &&
+                       copies_row_major(self, args[6].toOptional<c10::MemoryFormat>());
+    if (plain && device && self.device().type() == kPjrt && device->is_cpu() && download(self, stack)) return;
+    if (plain && device && self.device().is_cpu() && device->type() == kPjrt &&
+        upload(self, device->has_index() ? device->index() : c10::DeviceIndex(g_current_device), args[5].toBool(),
+               stack))
+      return;
+    if (self.device().type() != kPjrt || (device && device->type() != kPjrt) ||
+        !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
         args[4].toOptional<bool>().value_or(false)) {
       py::gil_scoped_acquire gil;
       safe_point();  // a copy between devices (FastKernel's entry is the others' safe point)
       return slow(op, stack, 7);
     }
     FastKernel::operator()(op, keys, stack);
+  }
+
+ private:
+  // self (a whole storage's buffer) read back to a new host tensor: a host sync, as
+  // storage.download's (this thread's region runs, then queued index checks raise).
+  bool download(const at::Tensor& self, torch::jit::Stack* stack) {
+    py::gil_scoped_acquire gil;
+    safe_point();
+    Holder* h = holder_of(self.storage());
+    settle(h);
+    if (!is_whole_buffer(self, h) || !(is_pending(h->buffer) || is_array(h->buffer))) return false;
+    py::object value = py::reinterpret_borrow<py::object>(h->buffer);
+    flush_region(nullptr);
+    raise_pending_index_checks();
+    if (is_pending(value.ptr())) value = pending_value(value.ptr());
+    if (!value) return false;  // its region failed: the Python kernel raises that
+    at::Tensor out = at::empty(self.sizes(), self.options().device(c10::kCPU));
+    copy_to_host(value, out);
+    fast_calls_++;
+    torch::jit::drop(*stack, 7);
+    torch::jit::push(*stack, std::move(out));
+    return true;
+  }
+
+  // A host tensor uploaded to pjrt:`index` (storage.upload's work: the CPU client aliases host
+  // memory, so it gets a copy of its own; another client copies, and waits unless non_blocking).
+  bool upload(const at::Tensor& self, c10::DeviceIndex index, bool non_blocking, torch::jit::Stack* stack) {
+    if (!g_transfer.put || index < 0 || index >= g_device_count || self.is_conj() || self.is_neg() || self._is_zerotensor() ||
+        !transfer_dtype(self.scalar_type()))
+      return false;
+    py::gil_scoped_acquire gil;
+    safe_point();
+    const DeviceFacts& facts = device_facts(index, self.scalar_type());
+    if (!facts.holds_dtype) return false;  // the Python kernel raises platform.check_dtype's error
+    at::Tensor host = facts.aliases_host ? self.clone(c10::MemoryFormat::Contiguous) : self.contiguous();
+    py::object numpy = py::cast(host).attr("numpy")();
+    PyObject* array = PyObject_CallFunctionObjArgs(g_transfer.put, numpy.ptr(), py::int_(index).ptr(), nullptr);
+    if (!array) throw python_error();
+    py::object value = py::reinterpret_steal<py::object>(array);
+    if (!facts.aliases_host && !non_blocking) value.attr("block_until_ready")();
+    record(value.ptr());
+    fast_calls_++;
+    torch::jit::drop(*stack, 7);
+    torch::jit::push(*stack, wrap_array(std::move(value), index));
+    return true;
+  }
+
+  // dtypes whose host tensors numpy() takes as they are (storage.to_numpy goes through bits for
+  // bfloat16 and float8)
+  static bool transfer_dtype(at::ScalarType t) {
+    return t != at::kBFloat16 && !at::isFloat8Type(t) && t != at::kComplexHalf && !at::isQIntType(t) &&
+           !at::isBitsType(t) && !at::isBarebonesUnsignedType(t);
+  }
+
+  struct DeviceFacts {
+    bool aliases_host = false;  // the CPU client: device_put of numpy memory aliases it
+    bool holds_dtype = false;   // platform.check_dtype passes
+  };
+  // (device, dtype) -> its facts, asked of Python once
+  const DeviceFacts& device_facts(c10::DeviceIndex index, at::ScalarType dtype) {
+    const int key = int(index) * 256 + int(dtype);
+    auto found = facts_.find(key);
+    if (found != facts_.end()) return found->second;
+    DeviceFacts facts;
+    py::object answer = py::reinterpret_borrow<py::object>(g_transfer.facts)(
+        int(index), py::handle(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype))));
+    facts.aliases_host = answer[py::int_(0)].cast<bool>();
+    facts.holds_dtype = answer[py::int_(1)].cast<bool>();
+    return facts_.emplace(key, facts).first->second;
+  }
+  std::unordered_map<int, DeviceFacts> facts_;
+
+  // `value`'s elements (row-major) into `out`: through the buffer protocol where JAX offers it
+  // (CPU arrays), else a numpy copy (device arrays, bfloat16).
+  static void copy_to_host(const py::object& value, const at::Tensor& out) {
+    py::object host = value;
+    Py_buffer view;
+    if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
+      PyErr_Clear();
+      static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
+      PyObject* copy = PyObject_CallOneArg(asarray, value.ptr());
+      if (!copy) throw python_error();
+      host = py::reinterpret_steal<py::object>(copy);
+      if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
+    }
+    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
+    TORCH_CHECK(size_t(view.len) == out.nbytes(), "pjrt: a host read got ", view.len, " bytes for ", out.nbytes());
+    if (view.len) std::memcpy(out.data_ptr(), view.buf, size_t(view.len));
   }
 };
 
@@ -793,7 +902,6 @@ class ScalarReadKernel : public FastKernel {
     return at::from_blob(static_cast<char*>(view.buf) + offset, {}, self.options().device(at::kCPU)).item();
   }
 
-  static bool is_array(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(g_eager.array_type); }
 
   // transfer.local_scalar_dense, which returns a Python number
   void slow_read(torch::jit::Stack* stack) {
@@ -883,6 +991,10 @@ void register_fast_kernel(const std::string& ns, const std::string& name, py::ob
 void register_clone_kernel(py::object read_view, py::object recorded_read_view, py::object slow) {
   register_kernel("aten", "clone", std::make_unique<CloneKernel>("aten::clone", read_view, recorded_read_view, slow,
                                                                  py::none(), std::vector<int>{kTensor, kMemoryFormat}));
+}
+
+void set_transfer_helpers(py::object put, py::object facts) {
+  g_transfer = {put.release().ptr(), facts.release().ptr()};
 }
 
 void register_to_copy_kernel(py::object run, py::object recorded, py::object slow, std::vector<int> kinds) {

@@ -238,6 +238,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_fast_kernel", &tp::register_fast_kernel);
   m.def("register_clone_kernel", &tp::register_clone_kernel);
   m.def("register_to_copy_kernel", &tp::register_to_copy_kernel);
+  m.def("set_transfer_helpers", &tp::set_transfer_helpers);
   m.def("register_scalar_read_kernel", &tp::register_scalar_read_kernel);
   m.def("set_safe_point", &tp::set_safe_point);
   m.def("forget_recorded_signatures", &tp::forget_recorded_signatures);

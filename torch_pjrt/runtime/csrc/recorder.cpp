@@ -348,6 +348,13 @@ void end_region(PyObject* region, PyObject* reason) {
   Py_DECREF(r);
 }
 
+void flush_region(PyObject* reason) {
+  if (!g_ready) return;
+  py::object region = borrowed(current_region());
+  if (PyList_GET_SIZE(g_region.calls.get(region.ptr())) == 0) return;
+  end_region(region.ptr(), reason ? reason : g_rec.host_read);
+}
+
 bool run_cached_region(PyObject* region, PyObject* reason) {
   if (!g_ready || !g_region_type || Py_TYPE(region) != reinterpret_cast<PyTypeObject*>(g_region_type)) return false;
   PyObject* device = g_region.device.get(region);
