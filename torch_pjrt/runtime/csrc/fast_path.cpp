@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/csrc/utils/tensor_numpy.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -793,7 +794,10 @@ class ToCopyKernel : public FastKernel {
     const DeviceFacts& facts = device_facts(index, self.scalar_type());
     if (!facts.holds_dtype) return false;  // the Python kernel raises platform.check_dtype's error
     at::Tensor host = facts.aliases_host ? self.clone(c10::MemoryFormat::Contiguous) : self.contiguous();
-    py::object numpy = py::cast(host).attr("numpy")();
+    // (not the tensor's Python object: a subclass may override .numpy)
+    PyObject* host_array = torch::utils::tensor_to_numpy(host.detach(), /*force=*/false);
+    if (!host_array) throw python_error();
+    py::object numpy = py::reinterpret_steal<py::object>(host_array);
     PyObject* array = PyObject_CallFunctionObjArgs(g_transfer.put, numpy.ptr(), py::int_(index).ptr(), nullptr);
     if (!array) throw python_error();
     py::object value = py::reinterpret_steal<py::object>(array);
