@@ -16,10 +16,13 @@ region holds are donated. Sync points: a host read or anything else that needs a
 step, and a bound on the region's calls (TORCH_PJRT_FUSED_MAX_OPS).
 
 A region holds one thread's calls, in that thread's order (the autograd engine runs backward on
-a thread of its own, DDP's comm-hook callbacks run on a completion thread). A thread that needs
-another's pending value runs that thread's region first. So where a region ends depends on each
-thread's program alone, never on how threads interleave: XLA's fusion can change rounding, and
-DDP's replicas must compute the same bits from the same reduced gradients.
+a thread of its own, DDP's comm-hook callbacks run on a completion thread), so another thread's
+calls never join it: XLA's fusion can change rounding (it contracts a * b + c into an FMA inside
+a region), and DDP's replicas must compute the same bits from the same reduced gradients. A
+thread that needs another's pending value runs that thread's region first; that cut depends on
+timing only where the read falls before the other thread's own next sync point (DDP's reads come
+after the callbacks that produce them have returned, where the completion thread ends its region
+anyway).
 
 Errors keep naming the op: a call's shapes are computed when it is recorded (its meta check
 and lowering are traced then, as op by op), and a region that fails to run is run again
