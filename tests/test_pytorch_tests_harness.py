@@ -30,6 +30,9 @@ class TestTiny(TestCase):
     def test_fails_on_pjrt(self, device):
         self.assertEqual(torch.device(device).type, "cpu")
 
+    def test_fails_everywhere(self, device):  # not in the rate; with --only-cpu-passing not run on pjrt
+        self.assertEqual(torch.device(device).type, "neither")
+
     def test_crashes_on_pjrt(self, device):
         if torch.device(device).type != "cpu":
             os._exit(3)
@@ -95,3 +98,18 @@ def test_pairs_outcomes_and_survives_a_crash(tmp_path):
     assert len(result["by_convention"]) == 1 and "convolution_overrideable" in report
     # a file that does not import is said so, with its error, and has no rate
     assert "| test_broken | did not import: ImportError: cannot import name 'no_such'" in report
+
+
+def test_only_cpu_passing_skips_on_pjrt_what_fails_on_the_cpu(tmp_path):
+    (tmp_path / "repo" / "test" / "helpers").mkdir(parents=True)
+    (tmp_path / "repo" / "test" / "test_tiny.py").write_text(textwrap.dedent(TINY))
+    (tmp_path / "repo" / "test" / "helpers" / "values.py").write_text("TWO = 2.0\n")
+    pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_tiny", "--timeout", "120",
+                        "--select", "test_add or test_fails", "--only-cpu-passing", "--json", str(tmp_path / "out.json")])
+    out = json.loads((tmp_path / "out.json").read_text())
+    pjrt = {k.split("::")[-1]: r for k, r in out["tests"]["test_tiny"]["pjrt"].items() if k != "collected"}
+    assert pjrt["test_fails_everywhere_pjrt"]["outcome"] == "skipped"
+    assert "did not pass on the CPU" in pjrt["test_fails_everywhere_pjrt"]["message"]
+    assert pjrt["test_add_pjrt"]["outcome"] == "passed" and pjrt["test_fails_on_pjrt_pjrt"]["outcome"] == "failed"
+    result = out["results"]["test_tiny"]
+    assert (result["cpu_passing"], result["pjrt_passing"], result["device_restricted"]) == (2, 1, 0)
