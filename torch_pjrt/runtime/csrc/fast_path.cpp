@@ -64,6 +64,20 @@ struct TransferHelpers {  // ToCopyKernel's uploads (set_transfer_helpers)
 static TransferHelpers g_transfer;
 
 static bool is_array(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(g_eager.array_type); }
+
+// `array`'s bytes (row-major) on the host, in `view` (the caller releases it), and the object that
+// holds them: the array itself through the buffer protocol where JAX offers it (CPU arrays), else a
+// numpy copy (a device array, or a dtype the buffer protocol lacks: bfloat16).
+static py::object host_bytes(const py::object& array, Py_buffer* view) {
+  if (PyObject_GetBuffer(array.ptr(), view, PyBUF_C_CONTIGUOUS) == 0) return array;
+  PyErr_Clear();
+  static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
+  PyObject* copy = PyObject_CallOneArg(asarray, array.ptr());
+  if (!copy) throw python_error();
+  py::object host = py::reinterpret_steal<py::object>(copy);
+  if (PyObject_GetBuffer(host.ptr(), view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
+  return host;
+}
 GrowthHelpers g_growth;
 
 static bool g_fused = false;  // fused eager (runtime/fused.py): kernels record their calls
@@ -743,17 +757,16 @@ class ToCopyKernel : public FastKernel {
     auto dtype = args[1].toOptional<at::ScalarType>();
     auto layout = args[2].toOptional<c10::Layout>();
     auto device = args[3].toOptional<c10::Device>();
-    const bool plain = (!dtype || *dtype == self.scalar_type()) && (!layout || *layout == c10::kStrided) &&
-                       !args[4].toOptional<bool>().value_or(false) &&
-                       copies_row_major(self, args[6].toOptional<c10::MemoryFormat>());
-    if (plain && device && self.device().type() == kPjrt && device->is_cpu() && download(self, stack)) return;
-    if (plain && device && self.device().is_cpu() && device->type() == kPjrt &&
+    const bool row_major = copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) &&
+                           (!layout || *layout == c10::kStrided) && !args[4].toOptional<bool>().value_or(false);
+    const bool same_dtype = !dtype || *dtype == self.scalar_type();
+    if (row_major && same_dtype && device && self.device().type() == kPjrt && device->is_cpu() && download(self, stack))
+      return;
+    if (row_major && same_dtype && device && self.device().is_cpu() && device->type() == kPjrt &&
         upload(self, device->has_index() ? device->index() : c10::DeviceIndex(g_current_device), args[5].toBool(),
                stack))
       return;
-    if (self.device().type() != kPjrt || (device && device->type() != kPjrt) ||
-        !copies_row_major(self, args[6].toOptional<c10::MemoryFormat>()) || (layout && *layout != c10::kStrided) ||
-        args[4].toOptional<bool>().value_or(false)) {
+    if (!row_major || self.device().type() != kPjrt || (device && device->type() != kPjrt)) {
       py::gil_scoped_acquire gil;
       safe_point();  // a copy between devices (FastKernel's entry is the others' safe point)
       return slow(op, stack, 7);
@@ -834,19 +847,10 @@ class ToCopyKernel : public FastKernel {
   }
   std::unordered_map<int, DeviceFacts> facts_;
 
-  // `value`'s elements (row-major) into `out`: through the buffer protocol where JAX offers it
-  // (CPU arrays), else a numpy copy (device arrays, bfloat16).
+  // `value`'s elements (row-major) into `out`
   static void copy_to_host(const py::object& value, const at::Tensor& out) {
-    py::object host = value;
     Py_buffer view;
-    if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
-      PyErr_Clear();
-      static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
-      PyObject* copy = PyObject_CallOneArg(asarray, value.ptr());
-      if (!copy) throw python_error();
-      host = py::reinterpret_steal<py::object>(copy);
-      if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
-    }
+    py::object host = host_bytes(value, &view);
     std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
     TORCH_CHECK(size_t(view.len) == out.nbytes(), "pjrt: a host read got ", view.len, " bytes for ", out.nbytes());
     if (view.len) std::memcpy(out.data_ptr(), view.buf, size_t(view.len));
@@ -886,26 +890,16 @@ class ScalarReadKernel : public FastKernel {
   }
 
  private:
-  // The element at self's storage offset of `array` (the whole storage, row-major) copied to the
-  // host: through the buffer protocol where JAX offers it (CPU arrays), else a numpy copy.
+  // The element at self's storage offset of `array` (the whole storage, row-major) copied to the host.
   static c10::Scalar element(const py::object& array, const at::Tensor& self) {
-    py::object host = array;
     Py_buffer view;
-    if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
-      PyErr_Clear();  // a device array, or a dtype the buffer protocol lacks (bfloat16)
-      static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
-      PyObject* copy = PyObject_CallOneArg(asarray, array.ptr());
-      if (!copy) throw python_error();
-      host = py::reinterpret_steal<py::object>(copy);
-      if (PyObject_GetBuffer(host.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
-    }
+    py::object host = host_bytes(array, &view);
     const int64_t offset = self.storage_offset() * int64_t(self.element_size());
     std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> release(&view, PyBuffer_Release);
     TORCH_CHECK(offset + int64_t(self.element_size()) <= int64_t(view.len), "pjrt: element ", self.storage_offset(),
                 " lies outside its storage's array (", view.len, " bytes)");
     return at::from_blob(static_cast<char*>(view.buf) + offset, {}, self.options().device(at::kCPU)).item();
   }
-
 
   // transfer.local_scalar_dense, which returns a Python number
   void slow_read(torch::jit::Stack* stack) {
