@@ -13,8 +13,8 @@ import traceback
 
 import torch.distributed as dist
 
-from tests.distributed import (case_collectives, case_failures, case_parallel, case_restart,  # noqa: F401
-                               case_training)  # (fill CASES)
+from tests.distributed import (case_collectives, case_failures, case_p2p, case_parallel,  # noqa: F401
+                               case_restart, case_training)  # (fill CASES)
 from tests.distributed.common import CASES, failures
 
 

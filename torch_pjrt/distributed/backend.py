@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from torch._C._distributed_c10d import ProcessGroupGloo
 
 from ..runtime import platform, storage
 from ..runtime import multiprocess
+from . import p2p
 from .host import HostWork, copy_back, to_host
 from .work import CollectiveError, PjrtWork, dispatch
 from .collectives import REDUCE_OPS
@@ -101,6 +103,10 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         self.device_index = local_device_index()
         self.mesh = self._group_mesh()
         self.checks = os.environ.get("TORCH_PJRT_COLLECTIVE_CHECKS", "1") != "0"
+        self._block: p2p.Block | None = None  # the coalescing block open on some thread
+        self._pair_meshes: dict[int, GroupMesh] = {}
+        # which path this group's point-to-point messages took (tests and users read it)
+        self.stats = {"p2p_xla_exchanges": 0, "p2p_xla_messages": 0, "p2p_host_messages": 0}
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -125,10 +131,12 @@ class ProcessGroupPjrt(dist.ProcessGroup):
 
     # What torch asks of a group's per-device Backend. torch >= 2.14's batch_isend_irecv calls
     # group._get_backend(device) on any ProcessGroup instance, Python subclasses included (2.13
-    # checked `type(group) is ProcessGroup` first), and the C++ lookup raises for a Python group,
-    # which registers no Backend. This group serves cpu and pjrt itself, so it answers for both:
-    # no NCCL-style coalescing, splitting, time estimates or backend-allocated tensors.
-    supports_coalescing = False
+    # checked `type(group) is ProcessGroup` first, so it never coalesces for this group), and the
+    # C++ lookup raises for a Python group, which registers no Backend. This group serves cpu and
+    # pjrt itself, so it answers for both: NCCL-style coalescing (a block's sends and receives
+    # become one XLA exchange per peer: p2p.py); no splitting, time estimates or backend-allocated
+    # tensors.
+    supports_coalescing = True
     supports_splitting = False
     supports_time_estimate = False
 
@@ -140,6 +148,55 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         if device_type not in ("cpu", "pjrt"):  # as the C++ lookup answers; callers catch RuntimeError
             raise RuntimeError(f"No backend type associated with device type {device_type}")
         return self
+
+    # ------------------------------------------------------------------ coalescing (torch's _coalescing_manager)
+    def _start_coalescing(self, device=None) -> None:
+        if self._block is not None:
+            raise RuntimeError(f"pjrt: {self._what('_start_coalescing')}: a coalescing block is already open")
+        self._block = p2p.Block()
+
+    def _end_coalescing(self, device=None) -> PjrtWork:
+        block, self._block = self._block, None
+        if block is None:
+            raise RuntimeError(f"pjrt: {self._what('_end_coalescing')}: no coalescing block is open")
+        works = block.works + p2p.end(self, block)
+        work = _joined(self._what("coalesced block"), works, [t for w in works for t in w.result()])
+        for pending in block.pending:
+            pending.block_work = work
+        return work
+
+    def _open_block(self) -> p2p.Block | None:
+        """The coalescing block this thread has open, if any."""
+        block = self._block
+        return block if block is not None and block.thread == threading.get_ident() else None
+
+    def _in_block(self, work: PjrtWork) -> PjrtWork:
+        """A coalesced collective issued inside a block belongs to the block's work too."""
+        block = self._open_block()
+        if block is not None:
+            block.works.append(work)
+        return work
+
+    def pair_mesh(self, peer: int) -> GroupMesh:
+        """The mesh of this rank's and `peer`'s devices, the lower rank first."""
+        mesh = self._pair_meshes.get(peer)
+        if mesh is None:
+            lo, hi = sorted((self.rank(), peer))
+            mesh = GroupMesh([self.mesh.devices[lo], self.mesh.devices[hi]], int(self.rank() == hi))
+            self._pair_meshes[peer] = mesh
+        return mesh
+
+    def wait_host(self, gloo_work, op: str) -> None:
+        try:
+            gloo_work.wait()
+        except Exception as e:  # noqa: BLE001
+            raise CollectiveError(f"pjrt: {self._what(op)} failed: {e}") from None
+
+    def host_p2p(self, messages: list) -> PjrtWork:
+        """A block's messages with one peer, host-staged (as single sends and receives are)."""
+        works = [self._host_send([m.tensor], m.peer, m.tag) if m.send else self._host_recv([m.tensor], m.peer, m.tag)
+                 for m in messages]
+        return _joined(self._what("send/recv"), works, [m.tensor for m in messages])
 
     def _what(self, op: str) -> str:
         return (f"{op} on process group '{self._group_name}' (global ranks {self.global_ranks}; this is group rank "
@@ -280,7 +337,7 @@ class ProcessGroupPjrt(dist.ProcessGroup):
         options = dist.AllreduceOptions()
         if opts is not None:
             options.reduceOp = opts.reduceOp
-        return _joined(self._what("all_reduce"), [self.allreduce([t], options) for t in tensors], tensors)
+        return self._in_block(_joined(self._what("all_reduce"), [self.allreduce([t], options) for t in tensors], tensors))
 
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> PjrtWork:
         opts = opts or dist.BroadcastOptions()
@@ -334,8 +391,8 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                             self._fingerprint("all_gather", t))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
-        return _joined(self._what("all_gather_into_tensor"),
-                       [self.all_gather_single(o, i) for o, i in zip(outputs, inputs)], outputs)
+        return self._in_block(_joined(self._what("all_gather_into_tensor"),
+                                      [self.all_gather_single(o, i) for o, i in zip(outputs, inputs)], outputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # its name before torch 2.13
 
@@ -358,8 +415,8 @@ class ProcessGroupPjrt(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single  # its name before torch 2.13
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> PjrtWork:
-        return _joined(self._what("reduce_scatter_tensor"),
-                       [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
+        return self._in_block(_joined(self._what("reduce_scatter_tensor"),
+                                      [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its name before torch 2.13
 
@@ -424,10 +481,24 @@ class ProcessGroupPjrt(dist.ProcessGroup):
                             self._fingerprint("barrier", None))
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> PjrtWork:
+        block = self._open_block()
+        if block is not None:  # collected: it moves when the block ends
+            return block.add(True, dst, tag, tensors[0], self._what(f"send to group rank {dst}"))
+        return self._host_send(tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> PjrtWork:
+        block = self._open_block()
+        if block is not None:
+            return block.add(False, src, tag, tensors[0], self._what(f"recv from group rank {src}"))
+        return self._host_recv(tensors, src, tag)
+
+    def _host_send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> PjrtWork:
+        self.stats["p2p_host_messages"] += 1
         return self._staged(f"send to group rank {dst}", lambda i, o: self.host.send(i, dst, tag), tensors, [], None,
                             result=tensors)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> PjrtWork:
+    def _host_recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> PjrtWork:
+        self.stats["p2p_host_messages"] += 1
         return self._staged(f"recv from group rank {src}", lambda i, o: self.host.recv(o, src, tag), [], tensors, None)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> PjrtWork:

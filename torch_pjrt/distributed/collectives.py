@@ -114,8 +114,56 @@ def all_to_all_body(n: int, axis: str = AXIS) -> Callable:
     return lambda x: jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
 
 
+def _as_bytes(x):
+    """`x`'s bytes as a flat uint8 vector (bits kept exactly: NaN payloads, -0.0)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint8).reshape(-1)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        x = jnp.stack([x.real, x.imag], axis=-1)
+    return jax.lax.bitcast_convert_type(x, jnp.uint8).reshape(-1)
+
+
+def _from_bytes(b, like):
+    """The inverse of `_as_bytes`: bytes `b` as an array of `like`'s shape and dtype."""
+    if like.dtype == jnp.bool_:
+        return b.reshape(like.shape) != 0
+    if jnp.issubdtype(like.dtype, jnp.complexfloating):
+        part = jnp.float32 if like.dtype == jnp.complex64 else jnp.float64
+        pairs = _from_bytes(b, jax.ShapeDtypeStruct(tuple(like.shape) + (2,), part))
+        return jax.lax.complex(pairs[..., 0], pairs[..., 1])
+    size = jnp.dtype(like.dtype).itemsize
+    shape = tuple(like.shape) + ((size,) if size > 1 else ())
+    return jax.lax.bitcast_convert_type(b.reshape(shape), like.dtype)
+
+
+def exchange_body(n: int, forward: int, axis: str = AXIS) -> Callable:
+    """Point-to-point between the two ranks of a pair's mesh (rank 0 the lower): operands
+    [0, forward) travel 0 -> 1, the rest 1 -> 0. Both ranks pass every operand at its shape
+    (the sender its data, the receiver its receive buffer), so both trace one program; each
+    direction's operands travel as their concatenated bytes in one collective-permute, and
+    every operand comes back: the received value on the receiver, the receiver's zeros on the
+    sender (unused)."""
+    def body(*xs):
+        out = []
+        for part, perm in ((xs[:forward], [(0, 1)]), (xs[forward:], [(1, 0)])):
+            if not part:
+                continue
+            if len(part) == 1 and part[0].dtype != jnp.bool_:  # nothing to concatenate
+                out.append(jax.lax.ppermute(part[0], axis, perm))
+                continue
+            moved = jax.lax.ppermute(jnp.concatenate([_as_bytes(x) for x in part]), axis, perm)
+            start = 0
+            for x in part:
+                size = x.size * jnp.dtype(x.dtype).itemsize
+                out.append(_from_bytes(jax.lax.slice_in_dim(moved, start, start + size), x))
+                start += size
+        return tuple(out)
+
+    return body
+
+
 BODIES = {"all_reduce": all_reduce_body, "broadcast": broadcast_body, "all_gather": all_gather_body,
-          "reduce_scatter": reduce_scatter_body, "all_to_all": all_to_all_body}
+          "reduce_scatter": reduce_scatter_body, "all_to_all": all_to_all_body, "exchange": exchange_body}
 
 
 # ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ class GroupMesh:
 
     def __init__(self, devices: list, rank: int, shape: tuple | None = None, axes: tuple = (AXIS,)):
         self.size, self.rank = len(devices), rank
-        self.device = devices[rank]
+        self.devices, self.device = list(devices), devices[rank]
         self.axes = axes
         self.mesh = Mesh(np.array(devices, dtype=object).reshape(shape or (len(devices),)), axes)
         self.spec = PartitionSpec(axes if len(axes) > 1 else axes[0])  # blocks in rank order along dimension 0
@@ -44,29 +44,33 @@ class GroupMesh:
         x = g.addressable_shards[0].data
         return x.reshape(()) if scalar else x
 
-    def run(self, name: str, x: jax.Array, fingerprint: tuple | None = None, **params):
-        """Run collective `name` (a key of collectives.BODIES) on this rank's block `x`.
+    def run(self, name: str, x, fingerprint: tuple | None = None, **params):
+        """Run collective `name` (a key of collectives.BODIES) on this rank's block `x` (an
+        array, or a tuple of arrays for a body of several operands, which gives a tuple back).
 
         Returns (this rank's result, None), or with a `fingerprint` (a tuple of ints that
         every rank's call must share) (result, every rank's fingerprint): the program first
         all-gathers the fingerprints and runs the collective only if all are equal, so ranks
         whose calls differ (another shape, another op) skip it together instead of
         exchanging mismatched buffers; the caller compares and raises."""
-        key = (name, x.shape, x.dtype, fingerprint, tuple(sorted(params.items())))
+        xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        key = (name, tuple((a.shape, a.dtype) for a in xs), fingerprint, tuple(sorted(params.items())))
         program = self._programs.get(key)
         if program is None:
             body = BODIES[name](self.size, **params)
             specs = self.spec
             if fingerprint is not None:
                 body, specs = agreed(body, fingerprint), (specs, specs)
-            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=specs,
+            program = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(self.spec,) * len(xs), out_specs=specs,
                                             check_vma=False))
             self._programs[key] = program
-        out = program(self.to_global(x))
+        out = program(*(self.to_global(a) for a in xs))
         everyone = None
         if fingerprint is not None:
             out, everyone = out
             everyone = fingerprints(everyone)
+        if isinstance(x, (tuple, list)):
+            return tuple(self.local(o, scalar=a.ndim == 0) for o, a in zip(out, xs)), everyone
         return self.local(out, scalar=x.ndim == 0), everyone
 
 

@@ -1,0 +1,156 @@
+"""Point-to-point on the pjrt process group: a coalesced block's sends and receives between
+two pjrt ranks as one XLA exchange per pair of ranks.
+
+XLA's point-to-point is a collective-permute: one program that both ranks enter at the same
+place in their order of XLA collectives. Single sends and receives cannot promise that
+(a pipeline schedule posts them in crossing orders: rank 0 sends activations then receives
+gradients while rank 1 sends gradients then receives activations), so they stay host-staged:
+gloo's tagged, asynchronous point-to-point allows any order. A coalesced block (torch's
+`_coalescing_manager`, which `batch_isend_irecv` uses on a group that `supports_coalescing`)
+gives all of a rank's sends and receives at once. At its end, for each peer in ascending rank
+order (one order of pairs on every rank, so no two pairs wait on each other), the two ranks
+swap a small description of their halves over gloo, then run one program on the pair's two
+devices over one canonical list of the pair's messages that both build alike: the lower
+rank's sends, then the higher rank's, each in (tag, order of issue), which is how gloo
+matches messages. The receiver's buffers are written in place when the work is waited for.
+
+Where the descriptions do not match (a CPU tensor on either end, a rank without the XLA
+path, a peer whose sends differ from this rank's receives in count, dtype, shape or tag), the
+pair's messages take the host path, as before: what gloo allows still works, and what gloo
+rejects fails as gloo does. Both ends must issue a pair's messages in a coalesced block: a
+message sent in a block and received outside one (or the reverse) meets no exchange on the
+other side and fails at the group's timeout.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+import jax
+import torch
+
+from ..runtime import storage
+from .work import PjrtWork, dispatch
+
+# gloo tag of the descriptions two ranks swap before an exchange (user tags are small)
+HANDSHAKE_TAG = 0x3EC7_0001
+
+
+@dataclass
+class Message:
+    send: bool  # this rank sends it (else receives into `tensor`)
+    peer: int  # group rank
+    tag: int
+    tensor: torch.Tensor
+    order: int  # order of issue within the block
+
+
+class Block:
+    """The sends and receives one thread issues between `_start_coalescing` and `_end_coalescing`."""
+
+    def __init__(self):
+        self.thread = threading.get_ident()
+        self.messages: list[Message] = []
+        self.works: list[PjrtWork] = []  # coalesced collectives issued inside the block
+        self.pending: list[Pending] = []
+
+    def add(self, send: bool, peer: int, tag: int, tensor: torch.Tensor, what: str) -> Pending:
+        self.messages.append(Message(send, peer, tag, tensor, len(self.messages)))
+        self.pending.append(Pending(what, [tensor]))
+        return self.pending[-1]
+
+
+class Pending(PjrtWork):
+    """The work of one send or receive inside a block: it stands for the block's work, which
+    exists once the block ends (torch's `batch_isend_irecv` returns that one instead)."""
+
+    def __init__(self, what: str, result: list):
+        super().__init__(what, result)
+        self._finished = False
+        self.block_work: PjrtWork | None = None
+
+    def _require(self) -> PjrtWork:
+        if self.block_work is None:
+            raise RuntimeError(f"pjrt: {self.what} was waited for inside the coalescing block that issued it; "
+                               f"its data moves when the block ends")
+        return self.block_work
+
+    def is_completed(self) -> bool:
+        return self.block_work is not None and self.block_work.is_completed()
+
+    def is_success(self) -> bool:
+        return self.block_work is None or self.block_work.is_success()
+
+    def exception(self):
+        return None if self.block_work is None else self.block_work.exception()
+
+    def wait(self, timeout=None) -> bool:
+        return self._require().wait(timeout)
+
+    def get_future(self):
+        return self._require().get_future()
+
+
+def _key(m: Message) -> tuple:
+    return m.tag, m.order
+
+
+def _describe(messages: list[Message]) -> int:
+    """One int for a side's messages in canonical order: tag, dtype and shape of each."""
+    return hash(tuple((m.tag, _dtype_code(m.tensor.dtype), tuple(m.tensor.shape)) for m in messages)) & (2 ** 62 - 1)
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    """A number for `dtype` that every process computes alike (str hashes are salted per process)."""
+    name = str(dtype)
+    return sum((i + 1) * ord(c) for i, c in enumerate(name))
+
+
+def exchange(group, peer: int, messages: list[Message]) -> PjrtWork:
+    """This rank's half of the pair (this rank, `peer`)'s block: one XLA exchange where both
+    ends agree, else the messages host-staged (see the module's docstring)."""
+    rank = group.rank()
+    if peer == rank:
+        return group.host_p2p(messages)
+    sends = sorted((m for m in messages if m.send), key=_key)
+    recvs = sorted((m for m in messages if not m.send), key=_key)
+    eligible = group.mesh is not None and all(
+        m.tensor.device.type == "pjrt" and m.tensor.device.index == group.device_index for m in messages)
+    mine = torch.tensor([int(eligible), len(sends), len(recvs), _describe(sends), _describe(recvs)],
+                        dtype=torch.int64)
+    theirs = torch.zeros_like(mine)
+    # the peer's description, over gloo on this thread: both ranks decide the path alike from the two
+    handshake = [group.host.send([mine], peer, HANDSHAKE_TAG), group.host.recv([theirs], peer, HANDSHAKE_TAG)]
+    for w in handshake:
+        group.wait_host(w, f"send/recv with group rank {peer}")
+    agree = eligible and bool(theirs[0]) and theirs[1:].tolist() == [len(recvs), len(sends), mine[4].item(),
+                                                                      mine[3].item()]
+    if not agree:
+        return group.host_p2p(sends + recvs)
+    forward, backward = (sends, recvs) if rank < peer else (recvs, sends)
+    ordered = forward + backward
+    values = tuple(storage.read(m.tensor) for m in ordered)  # read now, on this thread
+    pair = group.pair_mesh(peer)
+
+    def compute():
+        out, _ = pair.run("exchange", values, None, forward=len(forward))
+        return jax.block_until_ready(out)
+
+    def finish(out):
+        for m, value in zip(ordered, out):
+            if not m.send:
+                storage.write(m.tensor, value)
+
+    group.stats["p2p_xla_exchanges"] += 1
+    group.stats["p2p_xla_messages"] += len(ordered)
+    return PjrtWork(group._what(f"send/recv with group rank {peer}"), [m.tensor for m in ordered], dispatch(compute),
+                    finish, group.timeout)
+
+
+def end(group, block: Block) -> list[PjrtWork]:
+    """The works of a block's pairs, in ascending order of the peer's rank."""
+    by_peer: dict[int, list[Message]] = defaultdict(list)
+    for m in block.messages:
+        by_peer[m.peer].append(m)
+    return [exchange(group, peer, by_peer[peer]) for peer in sorted(by_peer)]
