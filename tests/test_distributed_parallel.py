@@ -18,8 +18,18 @@ PIPELINES = ["ScheduleGPipe:1:pipeline", "Schedule1F1B:1:compiled", "ScheduleInt
 
 @pytest.mark.parametrize("nprocs", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_pipeline_schedules_equal_full_batch_training(nprocs):
+    """Losses and parameters (the case's checks); the stages' sends and receives that the
+    schedules batch together (1F1B's steady state, the interleaved schedule's mixed batches)
+    ran as XLA exchanges, the rest host-staged (GPipe's batches are all-send or all-receive,
+    which torch's pipelining issues one by one)."""
     values = expect_success(launch("pipeline", nprocs, timeout=400, args=PIPELINES))
     assert all(values[-1][spec][0] for spec in PIPELINES)  # the last stage saw every step's loss
+    for spec in PIPELINES:
+        paths = [v[spec][2] for v in values]
+        if spec.startswith("ScheduleGPipe"):
+            assert all(p["p2p_xla_exchanges"] == 0 and p["p2p_host_messages"] > 0 for p in paths), (spec, paths)
+        else:
+            assert all(p["p2p_xla_exchanges"] > 0 for p in paths), (spec, paths)
 
 
 def test_context_parallel_sdpa_equals_unsharded_attention():

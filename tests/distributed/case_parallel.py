@@ -101,6 +101,7 @@ def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str, mesh=None
         run = [torch.compile(m, backend="pjrt") if frontend == "compiled" else m for m in modules]
         stages = [pipelining.PipelineStage(m, s, n_stages, pjrt(), group=group) for m, s in zip(run, mine)]
     params = [p for m in modules for p in m.parameters()]
+    paths_before = dict(group.stats)  # which path the stages' sends and receives take
     opt = torch.optim.SGD(params, lr=0.1)
     schedule_class = getattr(pipelining, schedule_name)
     loss_fn = nn.functional.mse_loss
@@ -129,7 +130,8 @@ def _pp_train(schedule_name: str, stages_per_rank: int, frontend: str, mesh=None
             index, rest = _layer_index(name, frontend)
             value = value.full_tensor() if hasattr(value, "full_tensor") else value
             state[f"layers.{s * per_stage + index}.{rest}"] = value.detach().cpu()
-    return {"losses": [float(v) for v in losses], "state": state}
+    return {"losses": [float(v) for v in losses], "state": state,
+            "p2p": {k: group.stats[k] - paths_before[k] for k in group.stats}}
 
 
 def _pp_check(spec: str, run: dict, layers: int) -> None:
@@ -163,7 +165,7 @@ def pipeline(*schedules: str) -> dict:
         stages_per_rank = int(stages_per_rank)
         run = _pp_train(schedule_name, stages_per_rank, frontend)
         _pp_check(spec, run, dist.get_world_size() * stages_per_rank * 2)
-        result[spec] = [run["losses"], time.monotonic() - start]
+        result[spec] = [run["losses"], time.monotonic() - start, run["p2p"]]
     return result
 
 

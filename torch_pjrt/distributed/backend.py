@@ -568,3 +568,4 @@ def register() -> None:
         return
     # "cpu" too: the group serves CPU tensors (object collectives, DCP's metadata) on its gloo group
     dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu", "pjrt"])
+    p2p.coalesce_batches_on_older_torch()  # pipeline schedules' batches as XLA exchanges on torch < 2.14 too

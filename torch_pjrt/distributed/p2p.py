@@ -154,3 +154,37 @@ def end(group, block: Block) -> list[PjrtWork]:
     for m in block.messages:
         by_peer[m.peer].append(m)
     return [exchange(group, peer, by_peer[peer]) for peer in sorted(by_peer)]
+
+
+def coalesce_batches_on_older_torch() -> None:
+    """torch < 2.14's `batch_isend_irecv` coalesces only where `type(group) is ProcessGroup`, so
+    never for a Python group such as this one, whatever its `supports_coalescing` says; from 2.14
+    on it asks the group's backend (`group._get_backend(device).supports_coalescing`), whatever its
+    type. On the older torch, a batch on a pjrt group takes 2.14's path: one `_coalescing_manager`
+    block around the same isend/irecv calls (torch's own functions), so pipeline schedules' batches
+    become XLA exchanges there too. Every other batch goes to torch's function unchanged."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.torch_version import TorchVersion
+
+    original = c10d.batch_isend_irecv
+    if TorchVersion(torch.__version__) >= (2, 14) or getattr(original, "pjrt_coalesces", False):
+        return
+    from .backend import ProcessGroupPjrt
+
+    def batch_isend_irecv(p2p_op_list):
+        group = p2p_op_list[0].group if p2p_op_list else None
+        if group is None and p2p_op_list and dist.is_initialized():
+            group = c10d._get_default_group()
+        if not isinstance(group, ProcessGroupPjrt):
+            return original(p2p_op_list)
+        c10d._check_p2p_op_list(p2p_op_list)
+        with c10d._coalescing_manager(group, p2p_op_list[0].tensor.device, async_ops=True) as manager:
+            for op in p2p_op_list:
+                peer = {"group_dst": op.group_peer} if op.op is dist.isend else {"group_src": op.group_peer}
+                op.op(op.tensor, group=op.group, tag=op.tag, **peer)
+        return manager.works
+
+    batch_isend_irecv.__doc__, batch_isend_irecv.__wrapped__ = original.__doc__, original
+    batch_isend_irecv.pjrt_coalesces = True
+    c10d.batch_isend_irecv = dist.batch_isend_irecv = batch_isend_irecv
