@@ -150,3 +150,30 @@ def p2p_exchange() -> dict:
         work.wait()
     _same_bits("in place, then used", (y + 1).cpu(), (torch.arange(4.0) + 10 * peer) * 2 + 1)
     return {"paths": paths}
+
+
+@case
+def p2p_timing(*sizes: str) -> dict:
+    """Seconds per 1F1B-style exchange (one tensor each way in one batch_isend_irecv, waited
+    for), for float32 tensors of each size: XLA exchange, and host-staged (single isend/irecv).
+    A measurement for docs/distributed.md, not a test."""
+    import time
+
+    init()
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    result = {}
+    for size in (int(s) for s in sizes):
+        x = torch.randn(size, device=pjrt())
+        y = torch.empty(size, device=pjrt())
+        for path, issue in (("xla", dist.batch_isend_irecv), ("host", _host_staged)):
+            times = []
+            for _ in range(30):
+                ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, y, peer)]
+                dist.barrier()
+                start = time.perf_counter()
+                for work in issue(ops if rank == 0 else ops[::-1]):
+                    work.wait()
+                float(y[0])  # the value on the host: the receive is done
+                times.append(time.perf_counter() - start)
+            result[f"{path} {size}"] = sorted(times)[len(times) // 2]
+    return result

@@ -111,11 +111,11 @@ def exchange(group, peer: int, messages: list[Message]) -> PjrtWork:
     """This rank's half of the pair (this rank, `peer`)'s block: one XLA exchange where both
     ends agree, else the messages host-staged (see the module's docstring)."""
     rank = group.rank()
-    if peer == rank:
+    if peer == rank or group.mesh is None:  # no XLA path on any rank of the group: nothing to agree on
         return group.host_p2p(messages)
     sends = sorted((m for m in messages if m.send), key=_key)
     recvs = sorted((m for m in messages if not m.send), key=_key)
-    eligible = group.mesh is not None and all(
+    eligible = all(
         m.tensor.device.type == "pjrt" and m.tensor.device.index == group.device_index for m in messages)
     mine = torch.tensor([int(eligible), len(sends), len(recvs), _describe(sends), _describe(recvs)],
                         dtype=torch.int64)
