@@ -177,3 +177,31 @@ def p2p_timing(*sizes: str) -> dict:
                 times.append(time.perf_counter() - start)
             result[f"{path} {size}"] = sorted(times)[len(times) // 2]
     return result
+
+
+@case
+def p2p_unmatched() -> dict:
+    """A message sent in a coalesced block and received outside one meets no exchange on the
+    other side: both ranks raise torch's distributed error at the group's timeout, naming the
+    op, instead of hanging."""
+    import datetime
+    import time
+
+    init()
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
+    x, y = torch.ones(4, device=pjrt()), torch.zeros(4, device=pjrt())
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            for work in _coalesced([dist.P2POp(dist.isend, x, peer, group), dist.P2POp(dist.irecv, y, peer, group)]):
+                work.wait()
+        else:
+            dist.irecv(y, peer, group=group).wait()
+        failures.append(f"rank {rank}: an unmatched send/recv did not raise")
+        error = ""
+    except dist.DistError as e:
+        error = f"{type(e).__name__}: {e}"
+    except RuntimeError as e:
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.monotonic() - start, "peer_failed": True}

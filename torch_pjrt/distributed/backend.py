@@ -186,11 +186,11 @@ class ProcessGroupPjrt(dist.ProcessGroup):
             self._pair_meshes[peer] = mesh
         return mesh
 
-    def wait_host(self, gloo_work, op: str) -> None:
+    def wait_host(self, gloo_work, op: str, hint: str = "") -> None:
         try:
             gloo_work.wait()
         except Exception as e:  # noqa: BLE001
-            raise CollectiveError(f"pjrt: {self._what(op)} failed: {e}") from None
+            raise CollectiveError(f"pjrt: {self._what(op)} failed: {e}{hint}") from None
 
     def host_p2p(self, messages: list) -> PjrtWork:
         """A block's messages with one peer, host-staged (as single sends and receives are)."""

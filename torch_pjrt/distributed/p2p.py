@@ -123,7 +123,9 @@ def exchange(group, peer: int, messages: list[Message]) -> PjrtWork:
     # the peer's description, over gloo on this thread: both ranks decide the path alike from the two
     handshake = [group.host.send([mine], peer, HANDSHAKE_TAG), group.host.recv([theirs], peer, HANDSHAKE_TAG)]
     for w in handshake:
-        group.wait_host(w, f"send/recv with group rank {peer}")
+        group.wait_host(w, f"send/recv with group rank {peer}", hint=(
+            f" (group rank {peer} did not end a coalesced block with this rank, as batch_isend_irecv does: both ends "
+            f"of the messages between two ranks must issue them in one)"))
     agree = eligible and bool(theirs[0]) and theirs[1:].tolist() == [len(recvs), len(sends), mine[4].item(),
                                                                       mine[3].item()]
     if not agree:
