@@ -139,6 +139,73 @@ def test_autograd_and_a_training_loop_run_cached_regions(mode):
     assert steps[-3:] == ["cached"] * 3 and steps.count("compiled") <= 2, steps
 
 
+def test_a_training_step_is_two_regions_the_forward_and_what_follows_backward(mode):
+    """autograd runs backward on a thread of its own while the caller waits: the caller lends it
+    its region, so a step runs its forward when backward begins, then backward, clipping and the
+    optimizer step as one region; no region is cut by a read from another thread."""
+    mode("fused")
+
+    def train(device, steps):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 3)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for step in range(steps):
+            if step == steps - 1 and device == "pjrt":
+                torch_pjrt.reset_eager_stats()
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    cpu_losses, cpu_params = train("cpu", 6)
+    losses, params = train("pjrt", 6)
+    assert losses == pytest.approx(cpu_losses, rel=1e-5, abs=1e-6)
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    ended = [r["ended_by"] for r in _fused_stats()["recent_regions"]]
+    assert ended == ["backward", "optimizer step"], ended
+
+
+def test_nested_and_concurrent_backwards_record_per_thread(mode):
+    """A backward inside a backward (reentrant checkpointing), double backward and two threads'
+    backwards at once: lending stops where more than one thread waits, and every gradient equals
+    CPU torch's."""
+    mode("fused")
+    from torch.utils.checkpoint import checkpoint
+
+    def grads(device):
+        torch.manual_seed(0)
+        layer = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8)).to(device)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2)).to(device).requires_grad_()
+        out = checkpoint(layer, x, use_reentrant=True).pow(2).sum()
+        out.backward()
+        (gx,) = torch.autograd.grad(layer(x).sin().sum(), x, create_graph=True)
+        gx.pow(2).sum().backward()
+        results = {}
+
+        def worker(k):
+            w = torch.randn(8, 8, generator=torch.Generator().manual_seed(10 + k)).to(device).requires_grad_()
+            for _ in range(3):
+                (x.detach() @ w).relu().sum().backward()
+            results[k] = w.grad.cpu()
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [x.grad.cpu()] + [p.grad.cpu() for p in layer.parameters()] + [results[0], results[1]]
+
+    for got, want in zip(grads("pjrt"), grads("cpu")):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_random_ops_give_op_by_op_numbers(mode):
     def sample():
         torch.manual_seed(7)

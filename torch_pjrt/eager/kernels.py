@@ -665,6 +665,7 @@ def register(special: dict) -> None:
     _rt.set_growth_helpers(storage.Padded, PaddedOperand, storage.offset_operand)
     _rt.set_safe_point(executable_budget._state, executable_budget.release_if_due, default_dtype.check)
     _rt.set_fused(fused.enabled)
+    fused.lend_regions_to_backward()
     for op, kernel in kernels.items():
         _install(op, kernel)
 

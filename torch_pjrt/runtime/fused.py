@@ -15,14 +15,16 @@ region holds are donated. Sync points: a host read or anything else that needs a
 (`concrete`), a data-dependent op, `torch.pjrt.synchronize()`, the end of an optimizer
 step, and a bound on the region's calls (TORCH_PJRT_FUSED_MAX_OPS).
 
-A region holds one thread's calls, in that thread's order (the autograd engine runs backward on
-a thread of its own, DDP's comm-hook callbacks run on a completion thread), so another thread's
-calls never join it: XLA's fusion can change rounding (it contracts a * b + c into an FMA inside
-a region), and DDP's replicas must compute the same bits from the same reduced gradients. A
-thread that needs another's pending value runs that thread's region first; that cut depends on
-timing only where the read falls before the other thread's own next sync point (DDP's reads come
-after the callbacks that produce them have returned, where the completion thread ends its region
-anyway).
+A region holds one thread's calls, in that thread's order (DDP's comm-hook callbacks run on a
+completion thread, user threads have their own): XLA's fusion can change rounding (it contracts
+a * b + c into an FMA inside a region), and DDP's replicas must compute the same bits from the
+same reduced gradients. One exception: the autograd engine runs a backward on a thread of its
+own while the caller only waits, so the caller lends its region to that thread (`lend_region`:
+the forward's region ends where backward begins; backward, clipping and the optimizer step are
+one region). A thread that needs another's pending value runs that thread's region first; that
+cut depends on timing only where the read falls before the other thread's own next sync point
+(DDP's reads come after the callbacks that produce them have returned, where the completion
+thread ends its region anyway).
 
 Errors keep naming the op: a call's shapes are computed when it is recorded (its meta check
 and lowering are traced then, as op by op), and a region that fails to run is run again
@@ -159,15 +161,92 @@ class Region:
         self.ran = False            # flushed: its thread records into a new region
 
 
-_here = threading.local()  # .region: this thread's region
+class _Slot:
+    """Where a thread's region lies: its own, or (autograd's threads, during a backward) the
+    slot of the thread that waits in that backward."""
+    __slots__ = ("region",)
+
+    def __init__(self):
+        self.region: Region | None = None
+
+
+_here = threading.local()  # .slot: this thread's _Slot
 _open: set = set()         # regions holding calls, of every thread (synchronize runs them all)
+# (thread ident, its _Slot) of each thread waiting in autograd's run_backward (lend_region)
+_lenders: list = []
+
+
+def _own_slot() -> _Slot:
+    slot = getattr(_here, "slot", None)
+    if slot is None:
+        slot = _here.slot = _Slot()
+    return slot
+
+
+def _slot() -> _Slot:
+    """This thread's slot; while one thread waits in a backward, autograd's threads running that
+    backward's nodes share its slot (lend_region)."""
+    if len(_lenders) == 1:
+        ident, slot = _lenders[0]
+        if ident != threading.get_ident() and torch._C._current_graph_task_id() != -1:
+            return slot
+    return _own_slot()
 
 
 def _current() -> Region:
-    region = getattr(_here, "region", None)
+    slot = _slot()
+    region = slot.region
     if region is None or region.ran:
-        region = _here.region = Region()
+        region = slot.region = Region()
     return region
+
+
+@contextlib.contextmanager
+def lend_region():
+    """While this thread waits in autograd's engine, the engine's threads record into its region.
+
+    torch runs a device's backward nodes on a thread of the device's own while the caller waits.
+    With a region per thread, that thread's first read of a forward output ran the forward's
+    region ("another thread"), and the caller's first read of a gradient (clipping, the
+    optimizer) ran the backward's: three executables a training step, and a hop between threads
+    for each. Now backward is a sync point of the caller's region (its forward runs, in XLA,
+    while backward records), and backward, clipping and the optimizer step are one region.
+    The calls stay one thread's at a time (the caller records nothing while it waits), so the
+    region is as deterministic as before. Nested or concurrent backwards (two lenders) record
+    per thread, as without lending."""
+    entry = (threading.get_ident(), _own_slot())
+    with _lock:
+        if entry[1].region is not None and entry[1].region.calls:
+            _flush_locked(entry[1].region, "backward")  # the forward: XLA runs it while backward records
+        _lenders.append(entry)
+        _load_runtime().regions_moved()
+    try:
+        yield
+    finally:
+        with _lock:
+            _lenders.remove(entry)
+            _load_runtime().regions_moved()
+
+
+def lend_regions_to_backward() -> None:
+    """Make every backward run through `torch.autograd.backward`/`grad` (autograd's Python engine
+    object) lend the caller's region to the engine's threads while it waits (lend_region)."""
+    from torch.autograd.variable import Variable
+
+    engine_type = type(Variable._execution_engine)
+    if getattr(engine_type, "_pjrt_lends_regions", False):
+        return
+
+    class Engine(engine_type):  # the same C++ engine; only run_backward is wrapped
+        _pjrt_lends_regions = True
+
+        def run_backward(self, *args, **kwargs):
+            if not active():
+                return super().run_backward(*args, **kwargs)
+            with lend_region():
+                return super().run_backward(*args, **kwargs)
+
+    Variable._execution_engine = Engine()
 
 
 _shapes: dict = {}      # call key -> (call id, output treedef, output avals)
@@ -394,7 +473,7 @@ def concrete(tree, reason: str = "host read"):
 
 def flush(reason: str = "synchronize") -> None:
     """Run this thread's region now (a sync point named `reason`, as eager_stats reports it)."""
-    region = getattr(_here, "region", None)
+    region = _slot().region
     if region is not None and region.calls:
         with _lock:
             _flush_locked(region, reason)

@@ -212,6 +212,7 @@ void register_to_copy_kernel(py::object run, py::object recorded, py::object slo
 void register_scalar_read_kernel(py::object slow, int64_t max_elements);
 // Every recorder drops its signatures before its next call (traces made under another default dtype).
 void forget_recorded_signatures();
+void regions_moved();  // threads record into other regions now (fused.lend_region): ask fused again
 // What safe_point calls: executable_budget.py's state dict and release_if_due, default_dtype.check.
 void set_safe_point(py::dict budget_state, py::object release_if_due, py::object check_default_dtype);
 // Per fast kernel ("aten::add.Tensor"): (calls served in C++, calls that entered its Python kernel,

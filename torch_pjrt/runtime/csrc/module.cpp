@@ -242,6 +242,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_scalar_read_kernel", &tp::register_scalar_read_kernel);
   m.def("set_safe_point", &tp::set_safe_point);
   m.def("forget_recorded_signatures", &tp::forget_recorded_signatures);
+  m.def("regions_moved", &tp::regions_moved);
   m.def("set_growth_helpers", &tp::set_growth_helpers);
   m.def("set_fused", &tp::set_fused);
   m.def("set_index_check_helpers", &tp::set_index_check_helpers);

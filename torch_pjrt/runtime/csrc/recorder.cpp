@@ -42,6 +42,10 @@ RecorderHelpers g_rec;
 bool g_ready = false;
 
 thread_local PyObject* t_region = nullptr;  // this thread's region, as fused.current_region() last gave it
+// which region a thread records into changed (fused lends a region to autograd's threads): every
+// thread asks fused.current_region() again. Read and written with the GIL held.
+uint64_t g_region_epoch = 0;
+thread_local uint64_t t_region_epoch = 0;
 
 bool is_value(PyObject* leaf) {  // an array or a Pending: a leaf of its own
   PyTypeObject* type = Py_TYPE(leaf);
@@ -61,8 +65,9 @@ PyObject* g_region_type = nullptr;
 
 // The region this thread records into (a new one once the last ran).
 PyObject* current_region() {
-  if (t_region && g_region.ran.get(t_region) != Py_True) return t_region;
+  if (t_region && t_region_epoch == g_region_epoch && g_region.ran.get(t_region) != Py_True) return t_region;
   Py_CLEAR(t_region);
+  t_region_epoch = g_region_epoch;
   t_region = PyObject_CallNoArgs(g_rec.current_region);
   if (!t_region) throw python_error();
   PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t_region));
@@ -524,6 +529,8 @@ bool CallRecorder::operand_key(PyObject* leaf, Scratch& call) {
 static uint64_t g_signature_generation = 0;
 
 void forget_recorded_signatures() { g_signature_generation++; }
+
+void regions_moved() { g_region_epoch++; }
 
 size_t CallRecorder::KeyHash::operator()(const std::vector<int64_t>& key) const {
   size_t h = key.size();
