@@ -24,6 +24,7 @@ other side and fails at the group's timeout.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -103,59 +104,76 @@ def _describe(messages: list[Message]) -> int:
 
 def _dtype_code(dtype: torch.dtype) -> int:
     """A number for `dtype` that every process computes alike (str hashes are salted per process)."""
-    name = str(dtype)
-    return sum((i + 1) * ord(c) for i, c in enumerate(name))
+    return zlib.crc32(str(dtype).encode())
 
 
-def exchange(group, peer: int, messages: list[Message]) -> PjrtWork:
-    """This rank's half of the pair (this rank, `peer`)'s block: one XLA exchange where both
-    ends agree, else the messages host-staged (see the module's docstring)."""
-    rank = group.rank()
-    if peer == rank or group.mesh is None:  # no XLA path on any rank of the group: nothing to agree on
-        return group.host_p2p(messages)
-    sends = sorted((m for m in messages if m.send), key=_key)
-    recvs = sorted((m for m in messages if not m.send), key=_key)
-    eligible = all(
-        m.tensor.device.type == "pjrt" and m.tensor.device.index == group.device_index for m in messages)
-    mine = torch.tensor([int(eligible), len(sends), len(recvs), _describe(sends), _describe(recvs)],
-                        dtype=torch.int64)
-    theirs = torch.zeros_like(mine)
-    # the peer's description, over gloo on this thread: both ranks decide the path alike from the two
-    handshake = [group.host.send([mine], peer, HANDSHAKE_TAG), group.host.recv([theirs], peer, HANDSHAKE_TAG)]
-    for w in handshake:
-        group.wait_host(w, f"send/recv with group rank {peer}", hint=(
-            f" (group rank {peer} did not end a coalesced block with this rank, as batch_isend_irecv does: both ends "
-            f"of the messages between two ranks must issue them in one)"))
-    agree = eligible and bool(theirs[0]) and theirs[1:].tolist() == [len(recvs), len(sends), mine[4].item(),
-                                                                      mine[3].item()]
-    if not agree:
-        return group.host_p2p(sends + recvs)
-    forward, backward = (sends, recvs) if rank < peer else (recvs, sends)
-    ordered = forward + backward
-    values = tuple(storage.read(m.tensor) for m in ordered)  # read now, on this thread
-    pair = group.pair_mesh(peer)
+class _Pair:
+    """This rank's half of the messages between it and `peer` in one block, and the
+    description of that half the two ranks swap before deciding the path."""
 
-    def compute():
-        out, _ = pair.run("exchange", values, None, forward=len(forward))
-        return jax.block_until_ready(out)
+    def __init__(self, group, peer: int, messages: list[Message]):
+        self.group, self.peer = group, peer
+        self.sends = sorted((m for m in messages if m.send), key=_key)
+        self.recvs = sorted((m for m in messages if not m.send), key=_key)
+        eligible = all(m.tensor.device.type == "pjrt" and m.tensor.device.index == group.device_index
+                       for m in messages)
+        self.mine = [int(eligible), len(self.sends), len(self.recvs), _describe(self.sends), _describe(self.recvs)]
+        self.theirs = torch.zeros(len(self.mine), dtype=torch.int64)
+        self.handshake = []
 
-    def finish(out):
-        for m, value in zip(ordered, out):
-            if not m.send:
-                storage.write(m.tensor, value)
+    def swap(self) -> None:
+        """Post the swap of descriptions over gloo (asynchronous)."""
+        host, peer = self.group.host, self.peer
+        self.handshake = [host.send([torch.tensor(self.mine, dtype=torch.int64)], peer, HANDSHAKE_TAG),
+                          host.recv([self.theirs], peer, HANDSHAKE_TAG)]
 
-    group.stats["p2p_xla_exchanges"] += 1
-    group.stats["p2p_xla_messages"] += len(ordered)
-    return PjrtWork(group._what(f"send/recv with group rank {peer}"), [m.tensor for m in ordered], dispatch(compute),
-                    finish, group.timeout)
+    def agreed(self) -> bool:
+        """Wait for the peer's description: both ends pjrt, and each side's sends are the other's receives."""
+        for w in self.handshake:
+            self.group.wait_host(w, f"send/recv with group rank {self.peer}", hint=(
+                f" (group rank {self.peer} did not end a coalesced block with this rank, as batch_isend_irecv does: "
+                f"both ends of the messages between two ranks must issue them in one)"))
+        eligible, sends, recvs, described_sends, described_recvs = self.mine
+        return bool(eligible) and self.theirs.tolist() == [1, recvs, sends, described_recvs, described_sends]
+
+    def work(self) -> PjrtWork:
+        """One XLA exchange where both ends agree, else the messages host-staged."""
+        group, peer = self.group, self.peer
+        if not self.agreed():
+            return group.host_p2p(self.sends + self.recvs)
+        forward, backward = (self.sends, self.recvs) if group.rank() < peer else (self.recvs, self.sends)
+        ordered = forward + backward
+        values = tuple(storage.read(m.tensor) for m in ordered)  # read now, on this thread
+        pair = group.pair_mesh(peer)
+
+        def compute():
+            out, _ = pair.run("exchange", values, None, forward=len(forward))
+            return jax.block_until_ready(out)
+
+        def finish(out):
+            for m, value in zip(ordered, out):
+                if not m.send:
+                    storage.write(m.tensor, value)
+
+        group.stats["p2p_xla_exchanges"] += 1
+        group.stats["p2p_xla_messages"] += len(ordered)
+        return PjrtWork(group._what(f"send/recv with group rank {peer}"), [m.tensor for m in ordered],
+                        dispatch(compute), finish, group.timeout)
 
 
 def end(group, block: Block) -> list[PjrtWork]:
-    """The works of a block's pairs, in ascending order of the peer's rank."""
+    """The works of a block's pairs, in ascending order of the peer's rank (see the module's
+    docstring). Every description swap is posted before any is waited for."""
     by_peer: dict[int, list[Message]] = defaultdict(list)
     for m in block.messages:
         by_peer[m.peer].append(m)
-    return [exchange(group, peer, by_peer[peer]) for peer in sorted(by_peer)]
+    rank = group.rank()
+    if group.mesh is None:  # no XLA path on any rank of the group: nothing to agree on
+        return [group.host_p2p(by_peer[peer]) for peer in sorted(by_peer)]
+    pairs = {peer: _Pair(group, peer, by_peer[peer]) for peer in sorted(by_peer) if peer != rank}
+    for pair in pairs.values():
+        pair.swap()
+    return [pairs[peer].work() if peer in pairs else group.host_p2p(by_peer[peer]) for peer in sorted(by_peer)]
 
 
 def coalesce_batches_on_older_torch() -> None:
