@@ -1,7 +1,8 @@
 """The host-staged path: pjrt tensors are copied to host memory, the collective runs on
 the gloo group the pjrt process group owns, and the results are copied back.
 
-It serves every op where the XLA path does not (point-to-point, uneven all_to_all,
+It serves every op where the XLA path does not (single sends and receives, and a
+coalesced block's where the two ends disagree: p2p.py; uneven all_to_all,
 gather, scatter, list-of-tensor forms, processes without JAX's multi-process runtime)
 and every CPU tensor given to a pjrt group. Gloo runs the op asynchronously; `HostWork`
 copies the results back into the pjrt tensors when it is waited on.
