@@ -106,31 +106,36 @@ def test_views_and_inplace_writes_on_pending_storages(mode):
         torch.testing.assert_close(got.cpu(), want, **TOL)
 
 
+def _train(device, steps, *, stats_from_step=None):
+    """A small classifier's AdamW steps with clipping; the losses and the parameters on the CPU.
+    `stats_from_step`: eager_stats count from that step on (pjrt)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        if step == stats_from_step:
+            torch_pjrt.reset_eager_stats()
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.detach().cpu())  # read each step (the forward's region has run at backward)
+    return torch.stack(losses), [p.detach().cpu() for p in model.parameters()]
+
+
+def _assert_trained_alike(got, want):
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    for p, q in zip(got[1], want[1]):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
 def test_autograd_and_a_training_loop_run_cached_regions(mode):
     mode("fused")
-
-    def train(device):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3)).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(8):
-            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-            loss = F.cross_entropy(model(x.to(device)), y.to(device))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(loss.detach())
-        return torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()]
-
-    cpu_losses, cpu_params = train("cpu")
-    torch_pjrt.reset_eager_stats()
-    losses, params = train("pjrt")
-    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-5)
-    for p, q in zip(params, cpu_params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    _assert_trained_alike(_train("pjrt", 8, stats_from_step=0), _train("cpu", 8))
     stats = _fused_stats()
     assert stats["ended_by"].get("optimizer step", 0) == 8
     steps = [r["executable"] for r in stats["recent_regions"] if r["ended_by"] == "optimizer step"]
@@ -144,30 +149,7 @@ def test_a_training_step_is_two_regions_the_forward_and_what_follows_backward(mo
     its region, so a step runs its forward when backward begins, then backward, clipping and the
     optimizer step as one region; no region is cut by a read from another thread."""
     mode("fused")
-
-    def train(device, steps):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 3)).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for step in range(steps):
-            if step == steps - 1 and device == "pjrt":
-                torch_pjrt.reset_eager_stats()
-            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-            loss = F.cross_entropy(model(x.to(device)), y.to(device))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
-        return losses, [p.detach().cpu() for p in model.parameters()]
-
-    cpu_losses, cpu_params = train("cpu", 6)
-    losses, params = train("pjrt", 6)
-    assert losses == pytest.approx(cpu_losses, rel=1e-5, abs=1e-6)
-    for p, q in zip(params, cpu_params):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    _assert_trained_alike(_train("pjrt", 6, stats_from_step=5), _train("cpu", 6))
     ended = [r["ended_by"] for r in _fused_stats()["recent_regions"]]
     assert ended == ["backward", "optimizer step"], ended
 
