@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..ops.registry import LOWERINGS
 from ..ops.signature import Signature
-from ..runtime import default_dtype, storage
+from ..runtime import default_dtype, fused, storage
 from ..runtime.fused import Recordable
 from .graph import GraphProgram, signature
 
@@ -168,7 +168,10 @@ def run(op, decomposition, args, kwargs):
         _signatures[op] += 1
         try:
             program = _Program(op, decomposition, args, kwargs)
-        except Exception:  # noqa: BLE001  (this signature runs op by op, which raises torch's own errors)
+        except Exception as e:  # noqa: BLE001  (this signature runs op by op, which raises torch's own errors)
+            if fused.interruption(e):  # a signal handler's timeout, say: no verdict on the signature
+                _signatures[op] -= 1
+                raise
             program = None
         if program is not None and program.reads_layout and not layout:
             _programs[key] = _BY_LAYOUT

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..runtime import storage
+from ..runtime import fused, storage
 from ..dtypes import to_torch
 from ..ops.registry import Split
 from ..ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
@@ -195,7 +195,7 @@ def cpu_error(op, args: tuple, kwargs: dict) -> BaseException | None:
 def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseException | None:
     """What to raise when the pjrt kernel of `op` failed with `error` for (args, kwargs);
     None when the call should run again (a meta check CPU disagrees with, now turned off)."""
-    if isinstance(error, _DEVICE_ERRORS):
+    if isinstance(error, _DEVICE_ERRORS) or fused.interruption(error):  # (a signal handler's timeout: no op's error)
         return error
     expected = cpu_error(op, args, kwargs)
     if expected is not None:

@@ -458,7 +458,7 @@ class InplaceKernel:
         try:
             result, _, _ = self.functional.compute(args, kwargs)
         except Exception as e:  # noqa: BLE001  (the failure path only)
-            if not isinstance(e, errors._DEVICE_ERRORS):
+            if not isinstance(e, errors._DEVICE_ERRORS) and not fused.interruption(e):
                 errors.raise_as_cpu(self.op, args, kwargs)  # CPU checks self's dtype first (int.bitwise_and_(float))
             raise
         if self.self_is_list:
@@ -526,7 +526,7 @@ class OutKernel:
         try:
             result, _, _ = self.functional.compute(args, kwargs)
         except Exception as e:  # noqa: BLE001  (the failure path only)
-            if not isinstance(e, errors._DEVICE_ERRORS):  # (out of memory: CPU would not say more)
+            if not isinstance(e, errors._DEVICE_ERRORS) and not fused.interruption(e):  # (out of memory: CPU would not say more)
                 errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
             raise
         results = (result,) if len(outs) == 1 else result  # one out (a tensor or a Tensor[]) takes the whole result

@@ -30,6 +30,14 @@ Errors keep naming the op: a call's shapes are computed when it is recorded (its
 and lowering are traced then, as op by op), and a region that fails to run is run again
 call by call. A region structure that keeps compiling new variants (shapes change every
 iteration) runs call by call from then on, and `stats()` says so.
+
+Interrupted: an exception that is not the region's own failure (KeyboardInterrupt, or what a
+signal handler raises: a SIGALRM timeout) may arrive between any two steps of recording or
+running. As with CUDA, where an interrupted Python call leaves the work already queued on the
+stream valid, the region stays valid: a call whose recording was interrupted is taken out again
+(`_roll_back`: it was not queued), and a run that was interrupted before its results came leaves
+the region as it was, to run at the next sync point. Only where the run had already consumed
+donated inputs, and its results were lost, do its pending values read as an error that says so.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import threading
 import weakref
 
@@ -146,7 +155,7 @@ def committed(tree, device: int):
 
 # ------------------------------------------------------------------------------ regions
 class Region:
-    __slots__ = ("calls", "structure", "digest", "inputs", "input_index", "outputs", "device", "ran")
+    __slots__ = ("calls", "structure", "digest", "inputs", "input_index", "outputs", "device", "ran", "done", "error")
 
     def __init__(self):
         self.calls: list = []       # (recordable, statics, treedef, refs, number of outputs)
@@ -159,6 +168,8 @@ class Region:
         self.outputs: list = []     # every call's output leaves, in order (Pending)
         self.device: int | None = None
         self.ran = False            # flushed: its thread records into a new region
+        self.done = False           # its outputs have their values (fused._materialize)
+        self.error = None           # why its pending values have none (it failed, or its run was lost)
 
 
 class _Slot:
@@ -323,37 +334,83 @@ def record(rec: Recordable, args: tuple, device: int | None = None):
         if shape is None:
             shape = _shape_of(rec, args, leaves, treedef, avals, key)  # raises what the call raises
         call_id, out_treedef, out_avals = shape
-        refs = []
-        index = region.input_index
-        for leaf, aval in zip(kinds, avals):
-            if type(leaf) is Pending:
-                refs.append(leaf.slot)
-                continue
-            # the same array twice is one input (which inputs alias is part of the structure), but a
-            # scalar is not: the cached scalar of a loop's counter would meet a constant's by chance
-            if type(leaf) is _ARRAY and aval.shape:
-                k = index.get(id(leaf))
-                if k is None:
-                    k = index[id(leaf)] = len(region.inputs)
+        # the region's state before this call: an exception between two of the steps below (a signal
+        # handler's) takes the call out again, so the region's lists, structure and digest still agree
+        before = (len(region.calls), len(region.inputs), len(region.outputs), bytes(region.digest), region.device)
+        try:
+            refs = []
+            index = region.input_index
+            for leaf, aval in zip(kinds, avals):
+                if type(leaf) is Pending:
+                    refs.append(leaf.slot)
+                    continue
+                # the same array twice is one input (which inputs alias is part of the structure), but a
+                # scalar is not: the cached scalar of a loop's counter would meet a constant's by chance
+                if type(leaf) is _ARRAY and aval.shape:
+                    k = index.get(id(leaf))
+                    if k is None:
+                        k = index[id(leaf)] = len(region.inputs)
+                        region.inputs.append(leaf)
+                else:
+                    k = len(region.inputs)
                     region.inputs.append(leaf)
-            else:
-                k = len(region.inputs)
-                region.inputs.append(leaf)
-            refs.append(-1 - k)
-        refs = tuple(refs)
-        base = len(region.outputs)
-        outs = [Pending(aval, region, base + j) for j, aval in enumerate(out_avals)]
-        if not region.calls:
-            _open.add(region)
-        region.outputs.extend(outs)
-        region.calls.append((rec, statics, treedef, refs, len(outs)))
-        region.structure.append((call_id, refs))
-        _load_runtime().digest_call(region.digest, call_id, refs)
-        if device is not None:
-            region.device = device
+                refs.append(-1 - k)
+            refs = tuple(refs)
+            base = len(region.outputs)
+            outs = [Pending(aval, region, base + j) for j, aval in enumerate(out_avals)]
+            if not region.calls:
+                _open.add(region)
+            region.outputs.extend(outs)
+            region.calls.append((rec, statics, treedef, refs, len(outs)))
+            region.structure.append((call_id, refs))
+            _load_runtime().digest_call(region.digest, call_id, refs)
+            if device is not None:
+                region.device = device
+        except BaseException:
+            _roll_back(region, *before)
+            raise
         if len(region.calls) >= MAX_CALLS:
             _flush_locked(region, "max ops")
     return outs[0] if out_treedef is None else jax.tree_util.tree_unflatten(out_treedef, outs)
+
+
+def _roll_back(region: Region, calls: int, inputs: int, outputs: int, digest: bytes, device) -> None:
+    """Take out of `region` what a call's recording had added when an exception interrupted it."""
+    for key, k in list(region.input_index.items()):
+        if k >= inputs:
+            del region.input_index[key]
+    del region.inputs[inputs:]
+    del region.outputs[outputs:]
+    del region.calls[calls:]
+    del region.structure[calls:]
+    region.digest[:] = digest
+    region.device = device
+    if not region.calls:
+        _open.discard(region)
+
+
+def interruption(error: BaseException) -> bool:
+    """Whether `error` interrupted pjrt's work rather than came from it: an exception that is not an
+    Exception (KeyboardInterrupt, pytest's timeout), or one a Python signal handler raised (a SIGALRM
+    timeout's, whatever its class). Such an error is passed on as it is: never taken for an op's
+    failure (which would run the op again, or raise CPU's error in its place)."""
+    if not isinstance(error, Exception):
+        return True
+    handlers = set()
+    for number in signal.valid_signals():
+        try:
+            handler = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    trace = error.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code in handlers:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _split(rec: Recordable, args: tuple):
@@ -464,8 +521,8 @@ def concrete(tree, reason: str = "host read"):
                     with _lock:
                         _flush_locked(region, reason)
                 if leaf.value is None:
-                    raise RuntimeError("pjrt fused eager: this tensor has no value: the region that computes it "
-                                       "failed (see that error, raised earlier)")
+                    why = getattr(leaf.region, "error", None) or "failed (see that error, raised earlier)"
+                    raise RuntimeError(f"pjrt fused eager: this tensor has no value: the region that computes it {why}")
             leaf = leaf.value
         out.append(leaf)
     return jax.tree_util.tree_unflatten(treedef, out)
@@ -500,16 +557,55 @@ def _flush_locked(region: Region, reason: str) -> None:
         return
     if _load_runtime().run_cached_region(region, reason):  # a cached executable: run from C++
         return
-    region.ran = True
-    _open.discard(region)
     try:
+        region.ran = True
+        _open.discard(region)
         _run(region, reason)
-    finally:  # Pending.region <-> region.outputs is a cycle: break it, so the region's arrays go now
-        for pending in region.outputs:
-            pending.region = None
-        region.outputs.clear()
-        region.inputs.clear()
-        region.input_index.clear()
+    except BaseException as error:
+        if region.done:
+            _release(region)  # its values came: an interruption after them loses nothing
+        elif interruption(error):
+            _after_interruption(region, error)
+        else:
+            _fail(region, error)
+        raise
+    _release(region)
+
+
+def _after_interruption(region: Region, error: BaseException) -> None:
+    """`error` interrupted `region`'s run before its results came. With its inputs intact, the
+    region stays as it was (its thread goes on recording into it) and runs at the next sync point;
+    where the run had consumed donated inputs, its values are lost and say so when read."""
+    if any(type(a) is _ARRAY and a.is_deleted() for a in region.inputs):
+        _fail(region, error)
+    else:
+        region.ran = False
+        _open.add(region)
+
+
+def _release(region: Region) -> None:
+    """A region that ran lets go of its arrays. (Pending.region <-> region.outputs is a cycle: break it,
+    so the region's arrays go now.)"""
+    for pending in region.outputs:
+        pending.region = None
+    region.outputs.clear()
+    region.inputs.clear()
+    region.input_index.clear()
+
+
+def _fail(region: Region, error: BaseException) -> None:
+    """A region whose run raised `error` and cannot run again: its pending values keep the region,
+    which says why they have no value when one is read."""
+    if interruption(error):
+        region.error = (f"was interrupted ({type(error).__name__}) after its run had consumed its inputs "
+                        "(donated buffers): its results are lost")
+    else:
+        region.error = f"failed: {type(error).__name__}: {error}"
+    region.calls.clear()
+    region.structure.clear()
+    region.outputs.clear()  # the Pendings keep the region (for its error), the region nothing
+    region.inputs.clear()
+    region.input_index.clear()
 
 
 def _run(region: Region, reason: str) -> None:
@@ -528,11 +624,9 @@ def _run(region: Region, reason: str) -> None:
     else:
         how = _first_run(region, key)
         if how == "compiled":
-            while len(_executables) >= MAX_EXECUTABLES:
-                _executables.popitem(last=False)
             if len(_compiled_last) > 256:
                 _compiled_last.clear()
-            run = _executables[key] = _region_function(region.calls, live, donate)
+            run = _region_function(region.calls, live, donate)
     _note(region, reason, how, live)
     if run is None:
         _run_call_by_call(region, live)
@@ -541,14 +635,28 @@ def _run(region: Region, reason: str) -> None:
         with _on(region.device):
             results = run(*inputs)
     except Exception as e:  # noqa: BLE001
+        if interruption(e):
+            raise
         _after_failed_run(region, live, donate, e)
         return
-    _materialize(region, live, results)
+    try:
+        _materialize(region, live, results)
+    except BaseException:  # interrupted half way: the run's values are kept all the same
+        _materialize(region, live, results)
+        raise
+    if how == "compiled":  # cached once it ran: the C++ runner (run_cached_region) finds built ones only
+        while len(_executables) >= MAX_EXECUTABLES:
+            _executables.popitem(last=False)
+        _executables[key] = run
 
 
 def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
     """A region's executable raised `error`: run its calls one by one, so the failing call raises
-    naming its op; where inputs were donated they are gone, so `error` is raised as it is."""
+    naming its op; where inputs were donated they are gone, so `error` is raised as it is, and so
+    is an interruption (a signal handler's exception is no failure of the calls)."""
+    if interruption(error):  # (the C++ runner's: fused._run passes interruptions to _flush_locked)
+        _after_interruption(region, error)
+        raise error
     if donate:
         raise error
     _run_call_by_call(region, live)
@@ -561,6 +669,7 @@ def _materialize(region: Region, live: tuple, values) -> None:
     for i, value in zip(live, values):
         outputs[i].value = value
         _recent_outputs.append(weakref.ref(value))
+    region.done = True
 
 
 def _first_run(region: Region, key: tuple) -> str:
@@ -620,6 +729,8 @@ def _run_call_by_call(region: Region, live: tuple) -> None:
             try:
                 _apply(rec, statics, treedef, leaves, env)
             except Exception as e:  # noqa: BLE001
+                if interruption(e):
+                    raise
                 raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: "
                                    f"{type(e).__name__}: {e}") from e
     _materialize(region, live, [env[i] for i in live])

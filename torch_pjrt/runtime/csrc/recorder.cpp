@@ -405,10 +405,12 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   note[py::handle(g_run->k_outputs)] = py::int_(PyList_GET_SIZE(outputs));
   note[py::handle(g_run->k_materialized)] = py::int_(PyTuple_GET_SIZE(live));
   call_method(g_run->recent, g_run->append, note.ptr());
-  // the region's outputs and inputs go once it ran, whatever happens (Pending.region <-> region.outputs is a cycle)
+  // the region's outputs and inputs go once it ran, whatever happens (Pending.region <-> region.outputs is a
+  // cycle), unless an interruption gave the region back to its thread (_after_failed_run: ran is False again)
   struct Release {
-    PyObject *outputs, *inputs, *index;
+    PyObject *region, *outputs, *inputs, *index;
     ~Release() {
+      if (g_region.ran.get(region) != Py_True) return;
       PyObject *type, *value, *trace;
       PyErr_Fetch(&type, &value, &trace);
       for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); i++) g_pending.region.set(PyList_GET_ITEM(outputs, i), Py_None);
@@ -417,11 +419,10 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
       PyDict_Clear(index);
       PyErr_Restore(type, value, trace);
     }
-  } release{outputs, inputs, g_region.input_index.get(region)};
+  } release{region, outputs, inputs, g_region.input_index.get(region)};
   PyObject* results = PyObject_Vectorcall(executable.ptr(), PySequence_Fast_ITEMS(inputs), PyList_GET_SIZE(inputs),
                                           nullptr);
-  if (!results) {  // fused._after_failed_run: raise it (donated inputs are gone) or run the calls one by one
-    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw python_error();
+  if (!results) {  // fused._after_failed_run: raise it (donated inputs are gone; an interruption) or run the calls one by one
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
     PyErr_NormalizeException(&type, &value, &trace);
