@@ -113,3 +113,20 @@ def test_only_cpu_passing_skips_on_pjrt_what_fails_on_the_cpu(tmp_path):
     assert pjrt["test_add_pjrt"]["outcome"] == "passed" and pjrt["test_fails_on_pjrt_pjrt"]["outcome"] == "failed"
     result = out["results"]["test_tiny"]
     assert (result["cpu_passing"], result["pjrt_passing"], result["device_restricted"]) == (2, 1, 0)
+
+
+def test_a_plugin_that_does_not_import_is_reported_not_rated(tmp_path, monkeypatch):
+    """When `import torch` fails in the runs (a broken install of pjrt: the plugin imports torch), the
+    file is reported with that error, not as 0 of 0 tests passing at 100%."""
+    (tmp_path / "repo" / "test" / "helpers").mkdir(parents=True)
+    (tmp_path / "repo" / "test" / "test_tiny.py").write_text(textwrap.dedent(TINY))
+    (tmp_path / "repo" / "test" / "helpers" / "values.py").write_text("TWO = 2.0\n")
+    (tmp_path / "broken" / "torch_pjrt").mkdir(parents=True)  # found before the installed one
+    (tmp_path / "broken" / "torch_pjrt" / "__init__.py").write_text("raise ImportError('a broken install')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "broken"))
+    pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_tiny", "--select", "test_add",
+                        "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "out.md")])
+    result = json.loads((tmp_path / "out.json").read_text())["results"]["test_tiny"]
+    assert "Failed to load the backend extension: pjrt" in result["collection_error"]
+    assert "| test_tiny | did not import: RuntimeError: Failed to load the backend extension" in (
+        tmp_path / "out.md").read_text()

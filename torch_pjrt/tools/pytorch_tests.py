@@ -238,9 +238,12 @@ def run_file(scratch: Path, name: str, device: str, timeout: int, budget: float,
         except subprocess.TimeoutExpired:
             status = "killed"
         results, last = _records(log)
-        if status == 2 and not results["collected"] and not done["collected"]:  # did not import: say why
-            errors = [line[1:].strip() for line in run.stdout.splitlines() if line.startswith("E ")]
-            done["collection_error"] = errors[-1] if errors else " ".join(run.stdout.strip().splitlines()[-1:])
+        # nothing collected and pytest failed (2: the file did not import; 4: the plugin did not, as when
+        # `import torch` fails to load pjrt): say why, rather than report 0 of 0 tests
+        if status not in (0, 1, 5, "killed") and not results["collected"] and not done["collected"]:
+            output = run.stdout + run.stderr
+            errors = [line[1:].strip() for line in output.splitlines() if line.startswith("E ")]
+            done["collection_error"] = errors[-1] if errors else " ".join(output.strip().splitlines()[-1:])
             return done
         collected = done["collected"] | results.pop("collected")
         done.update(results)
