@@ -411,8 +411,9 @@ def _check_castable(op, result_dtype, out: torch.Tensor):
             f"result type {c10_name(result_dtype)} can't be cast to the desired output type {c10_name(out.dtype)}")
 
 
-def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
-    """Write a kernel result into an existing tensor (self of op_, or an out= tensor)."""
+def _store(op, target: torch.Tensor, value: jax.Array, resize: bool, warn_on_resize: bool = True) -> None:
+    """Write a kernel result into an existing tensor (self of op_, or an out= tensor). warn_on_resize:
+    False for an op that resizes its out= itself on CPU, with its own warning or none."""
     if _rt.store_whole(target, value):  # the common case (a foreach step's every tensor): in C++
         return
     if isinstance(value, storage.Permuted):  # the target keeps its own layout
@@ -425,7 +426,7 @@ def _store(op, target: torch.Tensor, value: jax.Array, resize: bool) -> None:
     shape = tuple(value.shape)
     if tuple(target.shape) != shape:
         if resize:
-            if target.numel() != 0:
+            if target.numel() != 0 and warn_on_resize:
                 warnings.warn(
                     f"An output with one or more elements was resized since it had shape {list(target.shape)}, "
                     f"which does not match the required output shape {list(shape)}. (in {errors.op_label(op)})"
@@ -488,6 +489,7 @@ class MutatingKernel:
                 self.returns.append(("new", fresh))
                 fresh += 1
         self.single = len(self.written) == 1 and fresh == 0
+        self.warn_on_resize = not lowering.resizes_out
 
     def __call__(self, *args, **kwargs):
         values = self.kernel.sig.bind(args, kwargs)
@@ -501,9 +503,9 @@ class MutatingKernel:
             resize = kwarg_only[i]  # out= arguments resize as the derived out= kernels' do; self never does
             if isinstance(values[i], (list, tuple)):
                 for t, v in zip(values[i], new):
-                    _store(self.op, t, v, resize=resize)
+                    _store(self.op, t, v, resize=resize, warn_on_resize=self.warn_on_resize)
             else:
-                _store(self.op, values[i], new, resize=resize)
+                _store(self.op, values[i], new, resize=resize, warn_on_resize=self.warn_on_resize)
         fresh = results[len(self.written):]
         out = [values[i] if kind == "arg" else _wrap(fresh[i], device) for kind, i in self.returns]
         return None if not out else out[0] if len(out) == 1 else tuple(out)

@@ -36,8 +36,20 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     return (start + index * step).astype(out)
 
 
-@lowering(aten.arange.start_out, static=("start", "end", "step"),
-          not_paddable="writes an existing out= tensor in its own shape")
+def _arange_out_warns_as_cpu(values) -> bool:
+    """arange(out=)'s resize warning, per call (the executable is cached by start, end, step and
+    out's shape, so a warning at trace time would show once): where out's element count differs
+    from the result's, CPU's kernel on a CPU tensor of out's shape warns in its words ("The number
+    of elements in the out tensor of shape [1, 49] is 49 which does not match the computed number
+    of elements 50. ... The out tensor will be resized ...") and raises its errors."""
+    start, end, step, out = values
+    if out.numel() != torch.arange(start, end, step, device="meta").numel():
+        torch.arange(start, end, step, out=torch.empty(out.shape, dtype=out.dtype))
+    return True
+
+
+@lowering(aten.arange.start_out, static=("start", "end", "step"), in_range=_arange_out_warns_as_cpu,
+          resizes_out=True, not_paddable="writes an existing out= tensor in its own shape")
 def arange_start_out(start, end, step=1, *, out):
     """arange(..., out=): CPU resizes `out` only when its element count differs, and otherwise
     writes the values in out's own shape and element order (torch's generic out= rule, which

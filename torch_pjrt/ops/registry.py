@@ -160,6 +160,10 @@ class Lowering:
     # backend has a kernel for it (CUDA's and MPS's fused kernels; `_fused_rms_norm`): eager
     # registers this lowering as its kernel, one call instead of the decomposition's calls.
     own_gradient: bool = False
+    # An op that resizes its out= tensor itself (CPU's range factories: linspace, logspace, arange):
+    # eager resizes out without torch's generic "An output with one or more elements was resized"
+    # warning (CPU's linspace says nothing; arange warns in its own words, from its `in_range`).
+    resizes_out: bool = False
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -171,7 +175,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
              in_range: Callable | None = None, split: dict | None = None,
-             own_gradient: bool = False) -> Callable:
+             own_gradient: bool = False, resizes_out: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -191,7 +195,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
-                                     tuple(sorted((split or {}).items())), own_gradient)
+                                     tuple(sorted((split or {}).items())), own_gradient, resizes_out)
         return fn
 
     return register

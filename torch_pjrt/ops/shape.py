@@ -444,7 +444,7 @@ def logspace_out(start, end, steps, base=10.0, *, out):
 
 for _op in (aten.linspace.out, aten.linspace.Tensor_Tensor_out, aten.linspace.Tensor_Scalar_out,
             aten.linspace.Scalar_Tensor_out):
-    lowering(_op)(linspace_out)
+    lowering(_op, resizes_out=True)(linspace_out)  # CPU resizes out quietly
 for _op in (aten.logspace.out, aten.logspace.Tensor_Tensor_out, aten.logspace.Tensor_Scalar_out,
             aten.logspace.Scalar_Tensor_out):
-    lowering(_op)(logspace_out)
+    lowering(_op, resizes_out=True)(logspace_out)
