@@ -212,6 +212,36 @@ def test_strided_views_at_every_offset_read_as_on_cpu():
             same(dev.as_strided(size, stride, offset) * 2, cpu.as_strided(size, stride, offset) * 2)
     assert kinds == {True, False}  # both reads were met
 
+
+def test_a_view_at_offset_zero_is_no_region_input_and_other_offsets_share_an_executable():
+    """A view at storage offset 0 (a transpose, an expand, a reshape of a whole buffer: most
+    views) has its offset static, so a region that reads it takes its buffer alone (a region's
+    jitted call costs about 1 us an input: a decode token's region had 75 such zero offsets); a
+    view at another offset takes its offset as a value, so x[i] for every i > 0 is one call."""
+    from torch_pjrt.runtime import fused
+
+    mode = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode("fused")
+    try:
+        x_cpu, y_cpu = torch.arange(12.0).reshape(3, 4), torch.arange(12.0).reshape(4, 3) * 0.5
+        x, y = x_cpu.to(DEV), y_cpu.to(DEV)
+        torch.pjrt.synchronize()
+        a = x.t().mul(y)              # a transpose at offset 0: no offset input
+        b = x.expand(2, 3, 4).mul(x)  # an expand at offset 0
+        assert len(fused._current().inputs) == 2  # x's and y's buffers, nothing else
+        rows = [x[i].mul(y[:, 0]) for i in range(3)]  # x[0]: static; x[1], x[2]: their offsets as values
+        assert len(fused._current().inputs) == 4
+        same(a, x_cpu.t() * y_cpu)
+        same(b, x_cpu.expand(2, 3, 4) * x_cpu)
+        for i, row in enumerate(rows):
+            same(row, x_cpu[i] * y_cpu[:, 0])
+        built = torch_pjrt.eager_stats()["executables"]
+        for i in (1, 2, 1, 2):  # offsets other than 0: one call signature, its executable built above
+            same(x[i].mul(y[:, 0]), x_cpu[i] * y_cpu[:, 0])
+        assert torch_pjrt.eager_stats()["executables"] == built
+    finally:
+        torch_pjrt.set_eager_mode(mode)
+
 def test_view_dtype_and_complex_views():
     cpu = torch.arange(8.0)
     dev = cpu.to(DEV)

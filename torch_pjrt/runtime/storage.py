@@ -358,19 +358,29 @@ class StridedView:
         return self._geometry[3]
 
     def tree_flatten(self):
-        # the offset is traced: x[i] for every i is one executable, not one per i
+        # the offset is traced: x[i] for every i is one executable, not one per i. Offset 0 (a
+        # transpose, a reshape, an expand of a whole buffer: most views) is static instead: one
+        # input less for each call and region that reads the view (a region's jitted call costs
+        # about 1 us an input), for one more executable where a view's offset is 0 only sometimes
         g = self._geometry
         if type(g) is Geometry:  # unflattened from leaves (a recorded call): the offset is a value
+            if type(g.offset) is int and g.offset == 0:
+                return (self.buffer,), g
             return (self.buffer, offset_operand(g.offset)), g._replace(offset=None)
         static = _STATIC_GEOMETRY.get(g)
         if static is None:
             if len(_STATIC_GEOMETRY) > 4096:
                 _STATIC_GEOMETRY.clear()
-            static = _STATIC_GEOMETRY[g] = Geometry(*g)._replace(offset=None, block=_is_block(g[0], g[1], g[2]))
+            static = _STATIC_GEOMETRY[g] = Geometry(*g)._replace(offset=0 if g[2] == 0 else None,
+                                                                 block=_is_block(g[0], g[1], g[2]))
+        if static.offset == 0:
+            return (self.buffer,), static
         return (self.buffer, offset_operand(g[2])), static
 
     @classmethod
     def tree_unflatten(cls, static, children):
+        if static.offset == 0:  # (None: traced, a leaf)
+            return cls(children[0], static)
         return cls(children[0], static._replace(offset=children[1]))  # children may be tracers
 
     def resolve(self) -> jax.Array:

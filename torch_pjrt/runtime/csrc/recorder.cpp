@@ -476,7 +476,8 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
 }
 
 // A StridedView operand (storage.py): its buffer's aval and its geometry as key words; its
-// leaves are the buffer and the offset's scalar (a constant of the signature: nullptr here).
+// leaves are the buffer and, unless the offset is 0 (static then, as StridedView.tree_flatten
+// makes it), the offset's scalar (a constant of the signature: nullptr here).
 bool CallRecorder::view_key(PyObject* view, Scratch& call) {
   py::object geometry = attr(view, g_rec.geometry);
   py::object buffer = attr(view, g_rec.buffer);
@@ -489,11 +490,12 @@ bool CallRecorder::view_key(PyObject* view, Scratch& call) {
     call.key.push_back(PyTuple_GET_SIZE(dims));
     for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(dims); d++) call.key.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(dims, d)));
   }
-  call.key.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(geometry.ptr(), 2)));  // offset (the view's static part depends on it)
+  const int64_t offset = PyLong_AsLongLong(PyTuple_GET_ITEM(geometry.ptr(), 2));
+  call.key.push_back(offset);  // (the view's static part depends on it)
   if (PyErr_Occurred()) throw python_error();
   for (int part = 3; part < 6; part++) call.key.push_back(reinterpret_cast<intptr_t>(PyTuple_GET_ITEM(geometry.ptr(), part)));
   call.leaves.push_back(buffer.ptr());  // the view holds it
-  call.leaves.push_back(nullptr);
+  if (offset != 0) call.leaves.push_back(nullptr);
   return true;
 }
 
