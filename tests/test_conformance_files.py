@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import jax
 import pytest
 import torch
 
@@ -44,3 +45,45 @@ def test_range_factory_out_resize_warns_as_cpu(name, shape):
     # not exactly: CPU's vectorized arange adds k * step to a start rounded to the dtype per vector of
     # 8 or 16 lanes (an ulp from pjrt's start + i * step in float64, rounded once)
     torch.testing.assert_close(pjrt_out.cpu(), cpu_out)
+
+
+# ------------------------------------------------------------------ writes into permuted and block views
+# An in-place op on a channels_last tensor (assertEqual's `matches |= ...` over a channels_last
+# gradient in nn/test_pooling's test_avg_pool2d_nhwc) wrote through a scatter whose positions were a
+# constant of the view's size: 80M int64 for the test's (200, 512, 28, 28) tensor, 20 s to compile and
+# 6 s to load from the persistent cache (assertEqual 21-25 s where CPU takes 2 s). A view that is a
+# block of its buffer is now written as one box, the value transposed to memory order.
+def _strided_writes(device):
+    x = torch.arange(4 * 6 * 3 * 5.0, device=device).reshape(4, 6, 3, 5).contiguous(memory_format=torch.channels_last)
+    x.add_(1)
+    x[1:3, 2:5].fill_(-1)  # a block at an offset
+    x[2, :, 1].copy_(torch.full((6, 5), 7.0, device=device))
+    x[:, 1:4, :, 2:4] = 9
+    mask = (x > 50).bitwise_or_(x < 0)  # a bool channels_last target
+    base = torch.arange(24.0, device=device).reshape(4, 6)
+    base.t().mul_(2)  # a transposed view
+    grid = torch.zeros(10, 10, device=device)
+    grid[::3, 1::4] = torch.arange(12.0, device=device).reshape(4, 3)  # not a block: the scatter
+    ones = torch.zeros(5, 1, 7, device=device).transpose(0, 2)
+    ones.add_(torch.arange(7.0, device=device).reshape(7, 1, 1))  # a size-1 dim
+    return x, mask, base, grid, ones
+
+
+def test_writes_into_strided_views_equal_cpu():
+    for expected, actual in zip(_strided_writes("cpu"), _strided_writes("pjrt")):
+        torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+        assert actual.stride() == expected.stride()
+
+
+def test_a_channels_last_write_carries_no_positions_constant():
+    from torch_pjrt.dtypes import to_jax
+    from torch_pjrt.runtime import storage
+
+    x = torch.zeros(8, 16, 6, 6, device="pjrt").contiguous(memory_format=torch.channels_last)
+    torch.pjrt.synchronize()
+    buf = storage._materialized_buffer(x)
+    shape, stride = tuple(x.shape), tuple(x.stride())
+    block = storage._is_block(shape, stride, x.storage_offset())
+    writer = storage._writer(shape, stride, buf.shape, to_jax(x.dtype), False, block)
+    hlo = writer.fn.lower(buf, jax.numpy.ones(shape, buf.dtype), storage.offset_operand(0)).as_text()
+    assert "scatter" not in hlo and "s64[8,16,6,6]" not in hlo
