@@ -521,10 +521,8 @@ def _strided(buf, size, stride, offset, dtype, block=False):
         # the buffer as a grid whose axes step by the view's strides; the view is one block of it,
         # at the offset's digits. XLA fuses this slice into its producer and consumer, where the
         # flat slice below materializes whole rows of the outermost span.
-        strides = [s for _, _, s in dims] + ([1] if dims[-1][2] > 1 else [])
-        grid = [flat.size // strides[0]] + [outer // inner for outer, inner in zip(strides, strides[1:])]
-        starts = [offset // strides[0]] + [(offset // s) % n for s, n in zip(strides[1:], grid[1:])]
-        x = jax.lax.dynamic_slice(flat.reshape(grid), starts, [n for _, n, _ in dims] + [1] * (len(grid) - len(dims)))
+        grid, starts, box = _block_in_grid(flat.size, dims, offset)
+        x = jax.lax.dynamic_slice(flat.reshape(grid), starts, box)
         x = x.reshape(x.shape[:len(dims)])
     else:  # slice the outermost span, then peel each inner dimension off by reshape + slice
         _, n0, s0 = dims[0]
@@ -540,6 +538,16 @@ def _strided(buf, size, stride, offset, dtype, block=False):
     kept = {d for d, _, _ in dims}
     x = x.reshape([size[d] if d in kept else 1 for d in range(len(size))])
     return jnp.broadcast_to(x, size)
+
+
+def _block_in_grid(flat_size: int, dims: list, offset):
+    """A block view (_is_block) as a box of its buffer seen as a grid whose axes step by the view's
+    strides: (the grid's shape, the box's start on each axis: the offset's digits, the box's shape).
+    `dims` is _memory_order's; `offset` may be traced. Reads slice the box, writes update it."""
+    strides = [s for _, _, s in dims] + ([1] if dims[-1][2] > 1 else [])
+    grid = [flat_size // strides[0]] + [outer // inner for outer, inner in zip(strides, strides[1:])]
+    starts = [offset // strides[0]] + [(offset // s) % n for s, n in zip(strides[1:], grid[1:])]
+    return grid, starts, [n for _, n, _ in dims] + [1] * (len(grid) - len(dims))
 
 
 def _is_block(size, stride, offset: int) -> bool:
@@ -639,14 +647,11 @@ def _writer(size, stride, buf_shape, dtype, donate, block=False):
         if contiguous:
             flat = jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
         elif as_box:  # the inverse of _strided's block read
-            strides = [s for _, _, s in dims] + ([1] if dims[-1][2] > 1 else [])
-            grid = [flat.size // strides[0]] + [outer // inner for outer, inner in zip(strides, strides[1:])]
-            starts = [offset // strides[0]] + [(offset // s) % n for s, n in zip(strides[1:], grid[1:])]
+            grid, starts, box = _block_in_grid(flat.size, dims, offset)
             kept = sorted(d for d, _, _ in dims)  # the view's dims in logical order, size-1 dims dropped
             in_memory_order = jnp.transpose(value.reshape([size[d] for d in kept]),
                                             [kept.index(d) for d, _, _ in dims])
-            box = in_memory_order.reshape([n for _, n, _ in dims] + [1] * (len(grid) - len(dims)))
-            flat = jax.lax.dynamic_update_slice(flat.reshape(grid), box, starts).reshape(-1)
+            flat = jax.lax.dynamic_update_slice(flat.reshape(grid), in_memory_order.reshape(box), starts).reshape(-1)
         else:  # strided: scatter to the view's element positions (last write wins, as on CPU)
             flat = flat.at[(_element_indices(size, stride, 0) + offset).reshape(-1)].set(value.reshape(-1))
         return flat.reshape(buf_shape)
