@@ -889,3 +889,25 @@ def test_in_place_result_type_refusal_says_what_cpu_says(call):
     # pjrt put the op's name first ("aten::_foreach_add_.Scalar: result type Long can't be cast ..."), so a
     # foreach op_'s error was not its per-tensor op_'s (test_foreach's test_binary_op, bool)
     assert_raises_like_cpu(call)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.nn.functional.relu6(torch.tensor([0, 3, 7, 200], dtype=torch.uint8, device=d)),
+    lambda d: torch.ops.aten.hardtanh(torch.tensor([0, 3, 7, 200], dtype=torch.uint8, device=d), 2.7, 5),
+    lambda d: torch.nn.functional.hardtanh_(torch.tensor([0, 3, 7, 200], dtype=torch.uint8, device=d), 1, 6),
+    lambda d: torch.ops.aten.hardtanh(torch.tensor([-9, 3, 7], dtype=torch.int8, device=d), -1.5, 2.7),
+], ids=["relu6", "hardtanh", "hardtanh_", "int8_fractional_limits"])
+def test_hardtanh_of_integers(call):
+    # CPU computes hardtanh of uint8 (its limits truncated to integers); pjrt raised
+    # "hardtanh not implemented for torch.uint8" (test_unary_ufuncs' test_batch_vs_slicing__refs_nn_functional_relu6_uint8)
+    _same_as_cpu(call)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.nn.functional.hardtanh(torch.tensor([0, 3], dtype=torch.uint8, device=d)),
+    lambda d: torch.nn.functional.hardtanh_(torch.tensor([0, 3], dtype=torch.uint8, device=d), -1.0, 6.0),
+    lambda d: torch.ops.aten.hardtanh(torch.tensor([True], device=d), 0, 1),
+], ids=["negative_limits", "in_place_negative_min", "bool"])
+def test_hardtanh_refusals_say_what_cpu_says(call):
+    # CPU: "cannot do hardtanh on an unsigned type with negative limits" for uint8
+    assert_raises_like_cpu(call)

@@ -1424,7 +1424,8 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
                      name="leaky_relu_backward", allowed="f", scalars=(negative_slope,))
 
 
-hardtanh = activation("hardtanh", _clamp, allowed="if")
+# uint8 as on CPU; the limits static: CPU refuses negative ones for uint8 (its meta kernel checks)
+hardtanh = activation("hardtanh", _clamp, allowed="uif", static=("min_val", "max_val"))
 hardtanh_backward = activation(
     "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)),
     tests=_NAN_BY_SIZE)  # NaN x: 0
