@@ -157,6 +157,14 @@ def pytest_runtest_logreport(report):
 '''
 
 
+# Source the 2023 files wrote for the torch of then, which today's torch runs differently, as the
+# file meant it. test_linalg's setUp and tearDown call `super(self.__class__, self)`: in 2023 each
+# device's class (TestLinalgCPU) was built beside a copy of the generic class, so that named the
+# generic class's base; now it derives from the generic class and the call calls itself (a
+# RecursionError in every test, on every device).
+_SOURCE_AS_MEANT = ((b"super(self.__class__, self)", b"super()"),)
+
+
 def _copy_tests(pytorch: Path, commit: str | None, files: list[str], scratch: Path) -> None:
     """test/<file>.py for each file, from a git directory (at `commit`) or a work tree, with the
     packages of test/ it imports (test_autograd's `autograd.test_complex`...)."""
@@ -181,6 +189,8 @@ def _copy_tests(pytorch: Path, commit: str | None, files: list[str], scratch: Pa
             raise FileNotFoundError(f"test/{name}.py is not in {pytorch} (commit {commit or 'HEAD'})")
         target = scratch / f"{name}.py"
         target.parent.mkdir(parents=True, exist_ok=True)
+        for then, meant in _SOURCE_AS_MEANT:
+            source = source.replace(then, meant)
         target.write_bytes(source)
         for package in set(re.findall(rb"^from (\w+)\.\w+ import", source, re.M)):
             for path in listing(f"test/{package.decode()}"):
