@@ -12,6 +12,7 @@ Ops the table lacks go to `fallback.py` (decomposition, else a loud CPU fallback
 from __future__ import annotations
 
 import functools
+import types
 import os
 import warnings
 from typing import NamedTuple
@@ -92,6 +93,15 @@ class SignatureTraits(NamedTuple):
     grows_by: int | None = None
 
 
+def _storable(lowering: Lowering) -> bool:
+    """Whether the executables of this table entry may be kept on disk (runtime/executable_store.py):
+    an aten or prims op lowered by this package's own function, which its source fixes (a custom
+    kernel's lowering is a method that runs the user's code; collectives close over a group)."""
+    fn = lowering.fn
+    return (lowering.op.namespace in ("aten", "prims") and type(fn) is types.FunctionType
+            and fn.__module__.startswith(("torch_pjrt.ops.", "torch_pjrt.kernels.sdpa")))
+
+
 class Kernel:
     """The PrivateUse1 kernel of one functional overload."""
 
@@ -112,12 +122,15 @@ class Kernel:
         # a kernel whose C++ path needs more than the call: SignatureTraits per signature
         self.described = bool(self.index_probes is not None or lowering.grows is not None or self.int_returns)
         describe = self.describe if self.described else None
+        key = str(self.op) if _storable(lowering) else None
+        loaded = functools.partial(stats.traced, call.op, call.sig.names)  # a stored executable counts as traced
         self.run = Recordable(self.executable, call.static, name=errors.op_label(self.op), jit=lowering.jit,
-                              describe=describe)
+                              describe=describe, key=key, loaded=loaded)
         # an indexing op's bounds checks run in its own call (runtime/index_checks.py)
         self.checked = None if self.index_probes is None else Recordable(
             _checked_executable(call, self.executable), call.static, name=errors.op_label(self.op),
-            jit=lowering.jit, describe=lambda values: describe(values[:-1]))  # the seen flag comes last
+            jit=lowering.jit, describe=lambda values: describe(values[:-1]),  # the seen flag comes last
+            key=key and f"{key} (checked)", loaded=loaded)
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.host_indices = lowering.host_indices
         self.in_range = lowering.in_range

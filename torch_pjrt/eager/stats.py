@@ -18,6 +18,7 @@ import jax
 import jax.monitoring
 
 from ..ops.registry import Split
+from ..runtime import executable_store
 from ..runtime.executable_budget import BUILD_EVENT
 
 _lock = threading.Lock()
@@ -37,7 +38,7 @@ def _on_duration(name: str, seconds: float, **_) -> None:
 
 
 def _on_event(name: str, **_) -> None:
-    if name.endswith("compilation_cache/cache_hits"):
+    if name.endswith("compilation_cache/cache_hits") or name == executable_store.HIT_EVENT:
         _totals["persistent_cache_hits"] += 1
 
 

@@ -29,6 +29,19 @@ CHECK_EVERY = 256
 MAX_MAP_FRACTION = 0.5
 
 _state = {"built": 0, "due": False, "released": 0, "looked_at": 0}
+_releases: list = []  # other holders of executables (executable_store's), dropped with JAX's
+
+
+def on_release(drop) -> None:
+    """Call `drop()` whenever JAX's in-memory executables are dropped."""
+    _releases.append(drop)
+
+
+def _release() -> None:
+    jax.clear_caches()
+    for drop in _releases:
+        drop()
+    _state["released"] += 1
 
 
 def _map_limit() -> int | None:
@@ -75,8 +88,7 @@ def release_if_due() -> None:
     if not _state["due"] or not _no_trace():
         return
     _state["due"] = False
-    jax.clear_caches()
-    _state["released"] += 1
+    _release()
 
 
 def release_at_boundary(fraction: float) -> None:
@@ -89,8 +101,7 @@ def release_at_boundary(fraction: float) -> None:
     held = maps()
     if held is not None and held > fraction * _LIMIT and _no_trace():
         _state["due"] = False
-        jax.clear_caches()
-        _state["released"] += 1
+        _release()
 
 
 def released() -> int:

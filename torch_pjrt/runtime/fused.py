@@ -56,7 +56,7 @@ import torch
 
 from . import platform
 from .build import load as _load_runtime
-from . import default_dtype
+from . import default_dtype, executable_store
 from .safe_point import safe_point
 
 log = logging.getLogger("torch_pjrt.fused")
@@ -112,14 +112,18 @@ class Recordable:
     whose output shape depends on data, which runs at once on arrays (a sync point);
     `device`: where a function without array operands puts its outputs (fresh memory);
     `describe(args)`: what the C++ recorder keeps per call signature for its kernel (the same
-    for every call of one signature: eager.kernels.SignatureTraits)."""
+    for every call of one signature: eager.kernels.SignatureTraits); `key`: a name that says
+    which function this is in every process (an op table entry's), so that its executables may be
+    kept on disk (runtime/executable_store.py; None: never), and `loaded(args)`: called when one
+    is read from there instead of traced."""
 
-    __slots__ = ("fn", "static", "name", "jit", "device", "describe", "__weakref__")
+    __slots__ = ("fn", "static", "name", "jit", "device", "describe", "key", "loaded", "__weakref__")
 
     def __init__(self, fn, static: tuple = (), name: str | None = None, jit: bool = True, device: int | None = None,
-                 describe=None):
+                 describe=None, key: str | None = None, loaded=None):
         self.fn, self.static, self.jit, self.device, self.describe = fn, tuple(static), jit, device, describe
         self.name = name or getattr(fn, "__name__", repr(fn))
+        self.key, self.loaded = key, loaded
 
     def __call__(self, *args):
         if active():
@@ -486,17 +490,21 @@ def _device_of(leaves) -> int | None:
 
 
 def _shape_of(rec, args, leaves, treedef, avals, key):
-    """The outputs' abstract values of a call (tracing it, as its first op-by-op call would)."""
+    """The outputs' abstract values of a call (from the executable store, else tracing it, as its
+    first op-by-op call would)."""
     abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) if type(leaf) is Pending else leaf
                 for leaf, a in zip(leaves, avals)]
-    dynamic = iter(jax.tree_util.tree_unflatten(treedef, abstract))
-    full = [args[i] if i in rec.static else next(dynamic) for i in range(len(args))]
-    out = rec.fn.eval_shape(*full)
-    out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
+    stored = executable_store.find(key, rec, key[1], treedef, avals) if rec.key is not None else None
+    if stored is not None:
+        out_treedef, out_avals = stored.out_treedef, stored.out_avals
+    else:
+        dynamic = iter(jax.tree_util.tree_unflatten(treedef, abstract))
+        full = [args[i] if i in rec.static else next(dynamic) for i in range(len(args))]
+        out_leaves, out_treedef = jax.tree_util.tree_flatten(rec.fn.eval_shape(*full))
+        out_avals = tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type) for o in out_leaves)
     if out_treedef.num_nodes == 1 and out_treedef.num_leaves == 1:  # one array: returned as is
         out_treedef = None
-    shape = (next(_call_ids), out_treedef, tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type)
-                                              for o in out_leaves))
+    shape = (next(_call_ids), out_treedef, out_avals)
     if len(_shapes) > 16384:
         _shapes.clear()
     _shapes[key] = shape
@@ -711,23 +719,44 @@ def _region_function(calls: list, live: tuple, donate: tuple):
     return jax.jit(region, donate_argnums=donate)
 
 
-def _apply(rec, statics, treedef, leaves, env) -> None:
-    """Call `rec` on the recorded operands (`leaves`) and its static arguments; its outputs go to env."""
+def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
+    """Call `rec` on the recorded operands (`leaves`) and its static arguments; its outputs go to env.
+    stored: run it on its own (not traced into a region), its executable from the executable store
+    where it may come from there."""
     dynamic = jax.tree_util.tree_unflatten(treedef, leaves)
-    if rec.static:
-        given, rest = dict(zip(rec.static, statics)), iter(dynamic)
-        dynamic = [given[i] if i in given else next(rest) for i in range(len(statics) + len(dynamic))]
-    env.extend(jax.tree_util.tree_leaves(rec.fn(*dynamic)))
+    if stored and rec.key is not None and executable_store.on():
+        try:
+            avals = tuple(leaf.aval for leaf in leaves)
+        except AttributeError:  # a host value (a numpy seed): JAX's own path
+            avals = None
+        memo_key = (rec, _typed(statics) if statics else (), treedef, avals)
+        run = executable_store.run_of(memo_key)
+        if run is None and avals is not None and executable_store.usable(leaves):
+            run = executable_store.executable(memo_key, rec, memo_key[1], treedef, avals,
+                                              _merge(rec, statics, dynamic))
+        if run is not None:
+            env.extend(jax.tree_util.tree_leaves(run(*dynamic)))
+            return
+    env.extend(jax.tree_util.tree_leaves(rec.fn(*_merge(rec, statics, dynamic))))
+
+
+def _merge(rec, statics, dynamic) -> list:
+    """A call's arguments in order: its static ones (at rec.static) and its dynamic ones."""
+    if not rec.static:
+        return dynamic
+    given, rest = dict(zip(rec.static, statics)), iter(dynamic)
+    return [given[i] if i in given else next(rest) for i in range(len(statics) + len(dynamic))]
 
 
 def _run_call_by_call(region: Region, live: tuple) -> None:
     """The region's calls one by one (each its own executable, as op-by-op mode runs them)."""
     env = []
+    stored = region.device in (None, 0)
     with _on(region.device):
         for rec, statics, treedef, refs, _ in region.calls:
             leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
             try:
-                _apply(rec, statics, treedef, leaves, env)
+                _apply(rec, statics, treedef, leaves, env, stored)
             except Exception as e:  # noqa: BLE001
                 if interruption(e):
                     raise

@@ -36,6 +36,7 @@ VARIABLES = {
     "TORCH_PJRT_CACHE_DIR": "$XDG_CACHE_HOME/torch_pjrt (~/.cache/torch_pjrt)",
     "TORCH_PJRT_COMPILE_CACHE": "1",
     "TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS": "0",
+    "TORCH_PJRT_EXECUTABLE_STORE": "1 (in <cache dir>/executables)",
     "TORCH_PJRT_COMPILE_FALLBACK": "error",
     "TORCH_PJRT_DUMP_DIR": "no dumps",
     "TORCH_PJRT_AUTOTUNE": "on GPU and TPU only",

@@ -1,0 +1,106 @@
+"""Fused eager's op executables on disk by call signature (runtime/executable_store.py): a second
+process runs the calls the first one met without tracing or lowering them, with the same numbers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+import torch_pjrt
+
+# Each region runs once (its first sight: call by call), so every executable is an op's.
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax.monitoring
+    events = {"lowerings": 0, "store_hits": 0, "jax_hits": 0}
+    def on_duration(name, *args, **kw):
+        if name == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            events["lowerings"] += 1
+    def on_event(name, **kw):
+        if name == "/torch_pjrt/executable_store/hits":
+            events["store_hits"] += 1
+        elif name.endswith("compilation_cache/cache_hits"):
+            events["jax_hits"] += 1
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    import torch, torch_pjrt
+
+    def work(device):
+        torch.manual_seed(0)
+        values = []
+        for n in (3, 5, 7):  # each size a new signature for every op
+            x = torch.linspace(-2, 2, n * 4, device=device).view(n, 4)
+            y = (x.t() @ x).softmax(-1) * 2 + x.sum(0)
+            mask = x > 0
+            both = (mask * mask) & (x < 1)  # bool mul and bitwise_and: one XLA program (see below)
+            values.append(torch.cat([y.flatten(), both.float().flatten(), x.abs().argmax(1).float()]).tolist())
+            values.append((torch.arange(n, device=device) / 3).tolist())  # int in, default dtype out
+        return values
+
+    got, expected = work("pjrt"), work("cpu")
+    stats = torch_pjrt.eager_stats()
+    print("RESULT" + json.dumps({"got": got, "expected": expected, "executables": stats["executables"], **events}))
+""")
+
+
+def _run(env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert "RESULT" in out.stdout, out.stderr[-3000:]
+    return json.loads(out.stdout.split("RESULT")[-1])
+
+
+def _env(tmp_path, **settings) -> dict:
+    # JAX_COMPILATION_CACHE_DIR (respected as the user's own) keeps the C++ runtime's build cache
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), TORCH_PJRT_PLATFORM="cpu",
+               TORCH_PJRT_EAGER="fused", TORCH_PJRT_EXECUTABLE_STORE=str(tmp_path / "store"),
+               PYTHONPATH=os.path.dirname(os.path.dirname(torch_pjrt.__file__)))
+    return {**env, **settings}
+
+
+def _close(got, expected):
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(e))
+
+
+def test_a_second_process_runs_the_first_ones_calls_without_lowering_them(tmp_path):
+    first, second, third = (_run(_env(tmp_path)) for _ in range(3))
+    for run in (first, second, third):
+        _close(run["got"], run["expected"])
+        assert run["got"] == first["got"]  # the same executables' numbers, however they were built
+    assert first["store_hits"] == 0 and first["lowerings"] > 0
+    # the second process lowers only what the first could not keep: an executable JAX read from its own
+    # cache (the bool mul and bitwise_and lower to one program) serializes without its kernels, so it
+    # is built again, from JAX's cache
+    assert second["store_hits"] > 0 and second["lowerings"] == second["jax_hits"]
+    assert second["lowerings"] * 5 < first["lowerings"]
+    assert second["lowerings"] == third["lowerings"] and second["store_hits"] == third["store_hits"]
+    # a read executable counts as a traced one (eager_stats, the recompile warning)
+    assert second["executables"] == first["executables"]
+
+
+def test_the_store_is_keyed_by_what_the_lowerings_read(tmp_path):
+    """The default dtype and float32 matmul precision are read at trace time: another value is another
+    executable, never the stored one."""
+    _run(_env(tmp_path))
+    script_env = _env(tmp_path)
+    code = SCRIPT.replace("import torch, torch_pjrt\n", "import torch, torch_pjrt\ntorch.set_default_dtype(torch.float64)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=script_env, capture_output=True, text=True, timeout=300)
+    assert "RESULT" in out.stdout, out.stderr[-3000:]
+    run = json.loads(out.stdout.split("RESULT")[-1])
+    _close(run["got"], run["expected"])
+    # int64 / 3 has the same operands under either default dtype: its float32 executable is not reused
+    assert run["got"][1::2] == run["expected"][1::2]
+    assert run["store_hits"] == 0
+
+
+def test_the_store_can_be_turned_off(tmp_path):
+    first = _run(_env(tmp_path, TORCH_PJRT_EXECUTABLE_STORE="0"))
+    second = _run(_env(tmp_path, TORCH_PJRT_EXECUTABLE_STORE="0"))
+    assert first["store_hits"] == second["store_hits"] == 0
+    assert second["lowerings"] == first["lowerings"]
+    assert not (tmp_path / "store").exists() and not (tmp_path / "0").exists()
+    _close(second["got"], second["expected"])
