@@ -87,3 +87,30 @@ def test_a_channels_last_write_carries_no_positions_constant():
     writer = storage._writer(shape, stride, buf.shape, to_jax(x.dtype), False, block)
     hlo = writer.fn.lower(buf, jax.numpy.ones(shape, buf.dtype), storage.offset_operand(0)).as_text()
     assert "scatter" not in hlo and "s64[8,16,6,6]" not in hlo
+
+
+# ------------------------------------------------------------------ out= resize warnings (test_linalg)
+# A non-empty out= of another shape: CPU warns once per resized tensor. pjrt warned again for each
+# (test_linalg's test_{det,inv,cholesky,eig,slogdet}_errors_and_warnings count them): the meta dry run
+# of the out= overload resized its twin of out, and torch's resize_output warns in C++, where
+# catch_warnings cannot hold it. (det, solve, inv, cholesky and slogdet still warn twice: their out=
+# kernel takes a result laid out by torch's strides, the column-major LU or factor, for a value of
+# another dtype and asks CPU, which warns again: eager/kernels.py's _flat_values, not changed here.)
+_RESIZED_OUTS = {
+    "max": lambda A, d: torch.max(A, 0, out=(torch.empty(2, dtype=A.dtype, device=d),
+                                             torch.empty(2, dtype=torch.int64, device=d))),
+    "mm": lambda A, d: torch.mm(A, A, out=torch.empty(2, 3, dtype=A.dtype, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RESIZED_OUTS))
+def test_out_resize_warns_once_per_tensor_as_cpu(name):
+    results, resized = {}, {}
+    for device in ("cpu", "pjrt"):
+        A = (torch.eye(3, dtype=torch.float64) * 2 + 0.1).to(device)
+        caught = _warnings(lambda: results.setdefault(device, _RESIZED_OUTS[name](A, device)))
+        resized[device] = [w.split(" since")[0] for w in caught if "resized" in w]
+    assert resized["pjrt"] == resized["cpu"]
+    expected, actual = results["cpu"], results["pjrt"]
+    for e, a in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (expected, actual))):
+        torch.testing.assert_close(a.cpu(), e)
