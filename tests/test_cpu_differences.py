@@ -911,3 +911,26 @@ def test_hardtanh_of_integers(call):
 def test_hardtanh_refusals_say_what_cpu_says(call):
     # CPU: "cannot do hardtanh on an unsigned type with negative limits" for uint8
     assert_raises_like_cpu(call)
+
+
+def _singular(d, batch=()):
+    A = torch.eye(3, device=d).repeat(*batch, 1, 1)
+    A[..., -1, -1] = 0
+    return A
+
+
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["matrix", "batch"])
+@pytest.mark.parametrize("call", [
+    lambda A: torch.linalg.cholesky_ex(A, check_errors=True),
+    lambda A: torch.linalg.inv_ex(A, check_errors=True),
+    lambda A: torch.linalg.lu_factor_ex(A, check_errors=True),
+    lambda A: torch.linalg.solve_ex(A, A, check_errors=True),
+], ids=["cholesky_ex", "inv_ex", "lu_factor_ex", "solve_ex"])
+def test_linalg_ex_check_errors_raises_as_cpu(call, batch):
+    # pjrt returned the factor of a singular matrix and raised nothing (test_linalg's test_cholesky_ex_non_pd)
+    assert_raises_like_cpu(lambda d: call(_singular(d, batch)))
+
+
+def test_linalg_ex_without_check_errors_returns_info():
+    _same_as_cpu(lambda d: torch.linalg.cholesky_ex(_singular(d, (2,)))[1])
+    _same_as_cpu(lambda d: torch.linalg.inv_ex(_singular(d))[1])

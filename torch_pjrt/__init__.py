@@ -56,9 +56,9 @@ def _setup() -> None:
     torch._register_device_module("pjrt", device_module)
 
     from . import ops  # noqa: F401  (registers the lowerings)
-    from .eager import fallback, kernels as eager, sparse, transfer, view_kernels
+    from .eager import fallback, kernels as eager, linalg_checks, sparse, transfer, view_kernels
 
-    eager.register(transfer.kernels() | view_kernels.kernels() | sparse.kernels())
+    eager.register(transfer.kernels() | view_kernels.kernels() | sparse.kernels() | linalg_checks.kernels())
     from .runtime import fused
 
     # the end of an optimizer step ends a fused region, so a training step is one region

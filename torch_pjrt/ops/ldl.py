@@ -100,7 +100,8 @@ def _factor_one(a, hermitian: bool):
     return jnp.tril(w), piv, info
 
 
-@lowering(aten.linalg_ldl_factor_ex.default)
+@lowering(aten.linalg_ldl_factor_ex.default,
+          eager="eager/linalg_checks.py: the lowering, then torch's _linalg_check_errors of its info when check_errors=True")
 def linalg_ldl_factor_ex(self, *, hermitian=False, check_errors=False):
     n = self.shape[-1]
     batch = self.shape[:-2]

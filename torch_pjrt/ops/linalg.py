@@ -21,6 +21,8 @@ from .registry import family
 from ..dtypes import c10_name, to_torch
 
 lowering = family(not_paddable="a factorization or solve mixes the elements of its matrices: padding would change them")
+# the `_ex` ops' eager kernel: the lowering, then CPU's check of info when check_errors=True
+_CHECKED = "eager/linalg_checks.py: the lowering, then torch's _linalg_check_errors of its info when check_errors=True"
 
 
 aten = torch.ops.aten
@@ -99,7 +101,7 @@ def _cholesky_info(a):
     return lax.fori_loop(0, n, column, (L0, jnp.zeros(a.shape[:-2], I32)))[1]
 
 
-@lowering(aten.linalg_cholesky_ex.default)
+@lowering(aten.linalg_cholesky_ex.default, eager=_CHECKED)
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
     if self.shape[-1] == 0:  # CPU: an empty factor and info 0 (the info loop has no column to index)
         return self, jnp.zeros(self.shape[:-2], I32)
@@ -186,7 +188,7 @@ def _is_vector_rhs(A, B):
     return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
 
 
-@lowering(aten.linalg_lu_factor_ex.default)
+@lowering(aten.linalg_lu_factor_ex.default, eager=_CHECKED)
 def linalg_lu_factor_ex(A, *, pivot=True, check_errors=False):
     if not pivot:
         raise NotImplementedError("linalg_lu_factor_ex: pivot=False is not supported by XLA's LU on pjrt")
@@ -200,14 +202,14 @@ def linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
     return _solve_with(LU, perm, B, left, adjoint, False)
 
 
-@lowering(aten._linalg_solve_ex.default)
+@lowering(aten._linalg_solve_ex.default, eager=_CHECKED)
 def _linalg_solve_ex(A, B, *, left=True, check_errors=False):
     lu, piv, perm, info = _lu(A)
     vector = _is_vector_rhs(A, B)
     return _solve_with(lu, perm, B, left, False, vector), lu, piv, info
 
 
-@lowering(aten.linalg_inv_ex.default)
+@lowering(aten.linalg_inv_ex.default, eager=_CHECKED)
 def linalg_inv_ex(A, *, check_errors=False):
     lu, _, perm, info = _lu(A)
     eye = jnp.broadcast_to(jnp.eye(A.shape[-1], dtype=A.dtype), A.shape)
