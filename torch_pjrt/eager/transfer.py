@@ -14,7 +14,7 @@ import torch
 
 from ..runtime import fused, index_checks as bounds, platform, storage
 from ..runtime.build import load as _load_runtime
-from ..runtime.fused import Recordable
+from ..runtime.fused import Recordable, keyed
 from ..dtypes import to_jax
 from . import errors
 
@@ -107,6 +107,7 @@ def _convert(value, dtype):
 
 
 @functools.lru_cache(None)
+@keyed
 def _converter(dtype):
     from ..ops.shape import convert  # the op table's conversion (its `_to_copy` lowering's)
 

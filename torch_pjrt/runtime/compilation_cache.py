@@ -3,8 +3,11 @@
 On by default for every executable this process compiles, eager ops and compiled graphs
 alike, in `<cache dir>/xla/<versions>` (the cache dir is `$TORCH_PJRT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/torch_pjrt`, default `~/.cache/torch_pjrt`, where the C++ runtime is built
-too). The versions folder names jax, torch and torch-pjrt, so upgrading any of them starts a
-new cache (JAX's own key covers the program, jax and XLA; ours adds what lowers to them).
+too). The versions folder names jax, torch and torch-pjrt and a digest of torch-pjrt's source,
+so upgrading any of them, or editing the source, starts a new cache (JAX's own key covers the
+program, jax and XLA; ours adds what lowers to them). The op executable store
+(executable_store.py) keeps only executables compiled afresh, so its folder and this one start
+empty together. Folders unused for STALE_DAYS are deleted.
 `TORCH_PJRT_COMPILE_CACHE=0` turns it off. Executables that compiled in less than
 `TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS` (default 0: an eager op's executable compiles in
 tens of milliseconds and reads back in about one) are not stored. A cache directory the user
@@ -13,7 +16,12 @@ as it is.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import os
+import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -21,13 +29,42 @@ import torch
 
 from .build import cache_dir
 
+log = logging.getLogger("torch_pjrt")
+
 _enabled: list = []
+
+
+STALE_DAYS = 7
+
+
+@functools.lru_cache(None)
+def source_digest() -> str:
+    """A digest of every Python file of this package (about 3 ms): what lowers to JAX."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def directory() -> Path:
     from ..version import __version__
 
-    return cache_dir() / "xla" / f"jax{jax.__version__}-torch{torch.__version__}-pjrt{__version__}"
+    return cache_dir() / "xla" / f"jax{jax.__version__}-torch{torch.__version__}-pjrt{__version__}-{source_digest()[:16]}"
+
+
+def tidy(folder: Path) -> None:
+    """Create `folder`, mark it used now, and delete its siblings unused for STALE_DAYS (other
+    versions' caches: each upgrade, or each edit of this package, starts a new folder)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)
+        for other in folder.parent.iterdir():
+            if other != folder and other.is_dir() and time.time() - other.stat().st_mtime > STALE_DAYS * 86400:
+                shutil.rmtree(other, ignore_errors=True)
+    except OSError as e:  # a read-only cache: reads may still work
+        log.debug("pjrt: cache folder %s (%s)", folder, e)
 
 
 def enabled() -> bool:
@@ -44,7 +81,7 @@ def enable() -> str | None:
         path = jax.config.jax_compilation_cache_dir
         if not path:
             path = str(directory())
-            os.makedirs(path, exist_ok=True)
+            tidy(Path(path))
             jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs",
                           float(os.environ.get("TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS", "0")))

@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import pickle
-import shutil
 import sys
 import threading
 import time
@@ -45,7 +44,6 @@ log = logging.getLogger("torch_pjrt")
 
 # our event for each executable read from this store (eager_stats counts it as a persistent-cache hit)
 HIT_EVENT = "/torch_pjrt/executable_store/hits"
-STALE_DAYS = 7
 
 
 class Entry(NamedTuple):
@@ -87,16 +85,6 @@ def _root() -> Path:
     return Path(setting) if setting.lower() not in _ON else cache_dir() / "executables"
 
 
-def _source_digest() -> str:
-    """Every Python file of this package: a change to any lowering starts a new folder."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def _settings() -> list:
     """This package's environment settings a lowering may read at trace time (TORCH_PJRT_FLASH_SDPA...)."""
     return sorted((k, v) for k, v in os.environ.items()
@@ -111,28 +99,15 @@ def _folder() -> Path | None:
         config = sorted((k, repr(v)) for k, v in jax.config.values.items()
                         if "cache" not in k and "log" not in k and "explain" not in k)
         devices = platform.devices()
-        world = (_source_digest(), torch.__version__, jax.__version__, jax.lib.__version__, sys.version,
+        world = (compilation_cache.source_digest(), torch.__version__, jax.__version__, jax.lib.__version__, sys.version,
                  config, os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""), _settings(),
                  devices[0].platform, devices[0].device_kind, len(devices),
                  getattr(devices[0].client, "platform_version", ""))
         name = hashlib.sha256(repr(world).encode()).hexdigest()[:32]
         folder = _root() / name
-        _tidy(folder)
+        compilation_cache.tidy(folder)
     _state["folder"] = folder
     return folder
-
-
-def _tidy(folder: Path) -> None:
-    """Mark `folder` used now, and delete the other versions' folders unused for STALE_DAYS (each
-    upgrade, or each edit of this package's source, starts a new one)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.utime(folder)
-        for other in folder.parent.iterdir():
-            if other != folder and time.time() - other.stat().st_mtime > STALE_DAYS * 86400:
-                shutil.rmtree(other, ignore_errors=True)
-    except OSError as e:  # a read-only cache: reads may still work
-        log.debug("pjrt: executable store folder %s (%s)", folder, e)
 
 
 def _path(rec, statics, treedef, avals) -> Path | None:

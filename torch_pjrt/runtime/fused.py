@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -148,6 +149,21 @@ class Recordable:
 
     def __repr__(self) -> str:
         return f"Recordable({self.name})"
+
+
+def keyed(factory):
+    """A factory of Recordables whose functions its arguments fix (with this package's source): each
+    Recordable it makes is keyed by the factory's name and its arguments, so that its executables
+    may be kept on disk (runtime/executable_store.py). Its arguments must pickle."""
+    name = f"{factory.__module__}.{factory.__qualname__}"
+
+    @functools.wraps(factory)
+    def make(*args):
+        rec = factory(*args)
+        rec.key = (name, args)
+        return rec
+
+    return make
 
 
 def committed(tree, device: int):

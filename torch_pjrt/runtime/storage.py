@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import fused, index_checks as bounds, platform
-from .fused import Pending, Recordable
+from .fused import Pending, Recordable, keyed
 from .build import load as _load_runtime
 from ..dtypes import JAX_TO_TORCH, TORCH_TO_JAX, astype, to_jax, to_torch
 
@@ -90,7 +90,8 @@ class Permuted:
         return cls(children[0], *aux)
 
 
-_transpose = Recordable(jax.jit(jnp.transpose, static_argnums=1), static=(1,), name="transpose")
+_transpose = Recordable(jax.jit(jnp.transpose, static_argnums=1), static=(1,), name="transpose",
+                        key=f"{__name__}._transpose")
 
 
 # ---------------------------------------------------------------------------------
@@ -166,6 +167,7 @@ class Padded:
 
 
 @functools.lru_cache(1024)
+@keyed
 def _pad_to(shape: tuple, dtype, axis: int, capacity: int):
     widths = [(0, 0)] * len(shape)
     widths[axis] = (0, capacity - shape[axis])
@@ -257,7 +259,7 @@ def read_deferred(t: torch.Tensor):
 
 
 _ARRAY = type(jnp.zeros(()))
-_read_view = Recordable(jax.jit(lambda view: view.resolve()), name="read view")
+_read_view = Recordable(jax.jit(lambda view: view.resolve()), name="read view", key=f"{__name__}._read_view")
 
 
 def read_lazily(t: torch.Tensor):
@@ -432,10 +434,12 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
     return buf
 
 
-_resolve_padded = Recordable(jax.jit(lambda padded: padded.resolve()), name="resolve padding")
+_resolve_padded = Recordable(jax.jit(lambda padded: padded.resolve()), name="resolve padding",
+                             key=f"{__name__}._resolve_padded")
 
 
 @functools.lru_cache(256)
+@keyed
 def _fresh(n: int, dtype, fill, device: int):
     """jit(() -> fresh memory of n elements on pjrt:device): torch.empty(...).fill_(v) reads
     its target, and an op-by-op jnp.full costs ten times a cached executable."""
@@ -445,6 +449,7 @@ def _fresh(n: int, dtype, fill, device: int):
 
 
 @functools.lru_cache(256)
+@keyed
 def _grow(old: int, new: int, dtype, fill):
     return Recordable(jax.jit(lambda b: jnp.concatenate([b.reshape(-1), jnp.full((new - old,), fill, dtype)])),
                       name="grow storage")
@@ -613,21 +618,25 @@ def write(t: torch.Tensor, value) -> None:
     _rt.set_buffer(t, new, new.shape, t.dtype)
 
 
-_reinterpret = Recordable(jax.jit(_flat_as, static_argnums=1), static=(1,), name="view(dtype)")
+_reinterpret = Recordable(jax.jit(_flat_as, static_argnums=1), static=(1,), name="view(dtype)",
+                          key=f"{__name__}._reinterpret")
 
 
 @functools.lru_cache(4)
+@keyed
 def _unbit(conj: bool, neg: bool):
     return Recordable(jax.jit(lambda v: -(jnp.conj(v) if conj else v) if neg else (jnp.conj(v) if conj else v)),
                       name="conj/neg bits")
 
 
 @functools.lru_cache(1024)
+@keyed
 def _converter(shape, dtype):
     return Recordable(jax.jit(lambda v: jnp.broadcast_to(astype(jnp.asarray(v), dtype), shape)), name="convert")
 
 
 @functools.lru_cache(4096)
+@keyed
 def _writer(size, stride, buf_shape, dtype, donate, block=False):
     """jit(buffer, value, offset -> new buffer) for one geometry; the offset is traced, so
     `x[i] = v` for every i is one executable. `block`: the view is a block of the buffer seen as a
