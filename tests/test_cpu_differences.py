@@ -934,3 +934,15 @@ def test_linalg_ex_check_errors_raises_as_cpu(call, batch):
 def test_linalg_ex_without_check_errors_returns_info():
     _same_as_cpu(lambda d: torch.linalg.cholesky_ex(_singular(d, (2,)))[1])
     _same_as_cpu(lambda d: torch.linalg.inv_ex(_singular(d))[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_bmm_of_a_transposed_half_operand(dtype, batch):
+    # XLA:CPU raised "UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
+    # (a JAX exception where CPU computes: test_linalg's test_bmm_pjrt_bfloat16)
+    torch.manual_seed(0)
+    a, b = torch.randn(batch, 15, 23).to(dtype), torch.randn(batch, 15, 12).to(dtype)
+    expected = torch.bmm(a.transpose(1, 2), b)
+    actual = torch.bmm(a.to("pjrt").transpose(1, 2), b.to("pjrt"))
+    torch.testing.assert_close(actual.cpu(), expected)

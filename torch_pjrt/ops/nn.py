@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 from ..dtypes import to_jax, to_torch
+from ..runtime import platform
 from .promotion import cast, promote
 from .registry import family, BATCH_ONLY, Padding
 
@@ -63,8 +64,14 @@ def _preferred(dtype):
 
 
 def _dot_general(a, b, contract, batch=((), ())):
-    """lax.dot_general accumulating in float32 for half dtypes; result in the accumulation dtype."""
-    return lax.dot_general(a, b, (contract, batch), precision=matmul_precision(), preferred_element_type=_preferred(a.dtype))
+    """lax.dot_general accumulating in float32 for half dtypes; result in the accumulation dtype.
+    On XLA:CPU the half operands are upcast first (exact, and the same float32 sums): its Eigen dot
+    has no BF16 x BF16 = F32 kernel, and a batched dot of a transposed bfloat16 operand reached it
+    ("UNIMPLEMENTED: Unsupported element type for DotThunk::Execute", test_linalg's test_bmm)."""
+    preferred = _preferred(a.dtype)
+    if preferred is not None and platform.name() == "cpu":
+        a, b = a.astype(preferred), b.astype(preferred)
+    return lax.dot_general(a, b, (contract, batch), precision=matmul_precision(), preferred_element_type=preferred)
 
 
 def _reduce(loss, reduction: int):
