@@ -946,3 +946,26 @@ def test_bmm_of_a_transposed_half_operand(dtype, batch):
     expected = torch.bmm(a.transpose(1, 2), b)
     actual = torch.bmm(a.to("pjrt").transpose(1, 2), b.to("pjrt"))
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+@pytest.mark.parametrize("batch", [(), (3,)], ids=["matrix", "batch"])
+def test_eig_of_a_matrix_with_infs_or_nans_raises_as_cpu(value, batch):
+    # pjrt returned NaNs where CPU raises (test_linalg's test_eig_with_nan)
+    def call(d):
+        a = torch.ones(*batch, 4, 4, device=d)
+        a[..., -1, -1] = value
+        return torch.linalg.eig(a)
+
+    assert_raises_like_cpu(call)
+
+
+@pytest.mark.parametrize("uplo", ["l", "u", "L", "U"])
+def test_eigh_takes_uplo_in_either_case(uplo):
+    # pjrt raised JAX's "ValueError: UPLO must be one of None, 'L', or 'U', got u" (test_eigh_lower_uplo)
+    def call(d):
+        a = torch.arange(16.0, device=d).reshape(4, 4)  # not symmetric: UPLO decides which triangle is read
+        return torch.linalg.eigvalsh(a, UPLO=uplo)
+
+    expected, actual = call("cpu"), call("pjrt")
+    torch.testing.assert_close(actual.cpu(), expected)

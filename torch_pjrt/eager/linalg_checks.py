@@ -1,10 +1,13 @@
-"""check_errors=True of the linalg `_ex` factorizations and solves: after the table's kernel, the
+"""Host checks of linalg ops that an XLA executable cannot raise. check_errors=True of the linalg
+`_ex` factorizations and solves: after the table's kernel, the
 info it returned is checked on the host by torch's own `_linalg_check_errors`, as CPU's and CUDA's
 kernels do (a LinAlgError naming the function, the batch element and the failing minor or pivot).
 An XLA executable cannot raise, so the lowerings return info and nothing else checks it: pjrt gave
 a factor of a singular matrix where CPU raises (test_linalg's test_cholesky_ex_non_pd).
 The composite `linalg.cholesky`, `linalg.inv` and friends call the `_ex` ops with
-check_errors=False and check info themselves; this is for the `_ex` functions called directly."""
+check_errors=False and check info themselves; this is for the `_ex` functions called directly.
+linalg.eig refuses a matrix with infs or NaNs, as CPU's kernel does (test_eig_with_nan); LAPACK's
+geev would return NaNs for it."""
 from __future__ import annotations
 
 import torch
@@ -39,9 +42,23 @@ class CheckedErrors:
         return result
 
 
+class FiniteInput:
+    """CPU's check that the input holds no inf or NaN (a host read of one bool), then the table's kernel."""
+
+    def __init__(self, kernel, message: str):
+        self.kernel, self.message = kernel, message
+
+    def __call__(self, self_, *args, **kwargs):
+        if not torch.isfinite(self_).all().item():
+            raise RuntimeError(self.message)
+        return self.kernel(self_, *args, **kwargs)
+
+
 def kernels() -> dict:
     """PrivateUse1 kernels that replace a lowering's (eager/kernels.register's `special`)."""
     from ..ops.registry import LOWERINGS
     from .kernels import Kernel
 
-    return {op: CheckedErrors(Kernel(LOWERINGS[op]), name) for op, name in API_NAMES.items()}
+    eig = aten.linalg_eig.default
+    return {op: CheckedErrors(Kernel(LOWERINGS[op]), name) for op, name in API_NAMES.items()} | {
+        eig: FiniteInput(Kernel(LOWERINGS[eig]), "torch.linalg.eig: input tensor should not contain infs or NaNs.")}

@@ -323,7 +323,7 @@ def ormqr(self, input2, input3, left=True, transpose=False):
 
 @lowering(aten._linalg_eigh.default)
 def _linalg_eigh(A, UPLO="L", compute_v=True):
-    w, v = jnp.linalg.eigh(A, UPLO=UPLO, symmetrize_input=False)
+    w, v = jnp.linalg.eigh(A, UPLO=UPLO.upper(), symmetrize_input=False)  # torch takes "l" and "u" too
     return w, (v if compute_v else _empty(A.dtype))
 
 
@@ -340,7 +340,8 @@ def _complex_of(dtype):
     return np.dtype(np.complex128) if np.dtype(dtype) in (np.float64, np.complex128) else np.dtype(np.complex64)
 
 
-@lowering(aten.linalg_eig.default)
+@lowering(aten.linalg_eig.default,
+          eager="eager/linalg_checks.py: CPU's check that the input is finite (on the host), then the lowering")
 def linalg_eig(self):
     w, v = jnp.linalg.eig(self)  # LAPACK geev on CPU: unit-norm vectors, as torch
     c = _complex_of(self.dtype)
