@@ -43,7 +43,8 @@ SCRIPT = textwrap.dedent("""
 
     got, expected = work("pjrt"), work("cpu")
     stats = torch_pjrt.eager_stats()
-    print("RESULT" + json.dumps({"got": got, "expected": expected, "executables": stats["executables"], **events}))
+    print("RESULT" + json.dumps({"got": got, "expected": expected, "executables": stats["executables"],
+                                 "fused": stats["fused"], **events}))
 """)
 
 
@@ -104,3 +105,41 @@ def test_the_store_can_be_turned_off(tmp_path):
     assert second["lowerings"] == first["lowerings"]
     assert not (tmp_path / "store").exists() and not (tmp_path / "0").exists()
     _close(second["got"], second["expected"])
+
+
+LOOP = textwrap.dedent("""
+    import json
+    import torch, torch_pjrt
+    torch.manual_seed(0)
+    w = torch.randn(6, 6)
+    def step(device):
+        x = torch.linspace(-1, 1, 36, device=device).view(6, 6)
+        out = []
+        for i in range(3):  # one region per iteration: first sight, then compiled (or read) and cached
+            x = torch.tanh(x @ w.to(device)) * 1.5 + i
+            out.append(x.sum(0).tolist())
+        return out
+    got, expected = step("pjrt"), step("cpu")
+    fused = torch_pjrt.eager_stats()["fused"]
+    print("RESULT" + json.dumps({"got": got, "expected": expected, "compiles": fused["region_compiles"],
+                                 "store_hits": fused["region_store_hits"], "first_sight": fused["regions_first_sight"],
+                                 "recent": [r["executable"] for r in fused["recent_regions"]]}))
+""")
+
+
+def test_a_region_an_earlier_process_compiled_runs_compiled_at_its_first_sight(tmp_path):
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", LOOP], env=_env(tmp_path), capture_output=True, text=True,
+                             timeout=300)
+        assert "RESULT" in out.stdout, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.split("RESULT")[-1]))
+    first, second = runs
+    for run in runs:
+        _close(run["got"], run["expected"])
+        assert run["got"] == first["got"]
+    # iteration 0's region (with linspace) is seen once; iterations 1 and 2 share one structure
+    assert first["recent"] == ["first sight", "first sight", "compiled"]
+    assert first["compiles"] == 1 and first["store_hits"] == 0
+    assert second["recent"] == ["first sight", "stored", "cached"]  # read at its first sight, then cached
+    assert second["compiles"] == 0 and second["store_hits"] == 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import torch_pjrt
-from torch_pjrt.runtime import fused
+from torch_pjrt.runtime import executable_store, fused
 
 
 class Interrupted(KeyboardInterrupt):
@@ -208,7 +208,7 @@ def test_timeout_in_a_kernel_is_not_taken_for_the_ops_error(fused_mode, alarm_ha
     assert torch.equal(x[torch.tensor([2, 0], device="pjrt")].cpu(), torch.arange(12.0).reshape(3, 4)[[2, 0]])
 
 
-def test_results_lost_after_donated_inputs_say_so(fused_mode):
+def test_results_lost_after_donated_inputs_say_so(fused_mode, monkeypatch):
     """The one case a region cannot run again: its run consumed donated inputs (an in-place update
     of a tensor only the region holds) and the interruption came before its results were kept. Its
     values then raise an error naming what happened, never garbage; other tensors are unaffected."""
@@ -228,7 +228,9 @@ def test_results_lost_after_donated_inputs_say_so(fused_mode):
     keep2 = step()
     torch.pjrt.synchronize()  # compiled
     # the cached run goes through C++ (no Python frame to stop in): forget the executable so the run
-    # is Python's again (first sight, then compiled), and stop it as JAX returns the results
+    # is Python's again (first sight, then compiled), and stop it as JAX returns the results; without
+    # the executable store, whose copy of the region would run at its first sight, compiled in C++
+    monkeypatch.setattr(executable_store, "on", lambda: False)
     fused._executables.clear()
     fused._seen.clear()
     keep3 = step()

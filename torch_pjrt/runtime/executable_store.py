@@ -11,7 +11,9 @@ its trace (the op table entry, the static arguments, the operands' tree and abst
 default dtype and float32 matmul precision the lowerings read), in a folder named by what could
 change any trace (this package's source, torch, jax and jaxlib, JAX's configuration, XLA flags,
 the platform). Keys are pickles: two calls share an entry only when everything that decides the
-trace pickles to the same bytes; anything that does not pickle is not kept.
+trace pickles to the same bytes; anything that does not pickle is not kept. A region that compiles
+(its second sight) is kept the same way, keyed by its calls' keys and wiring, the outputs it keeps,
+the inputs it donates and their abstract values: a later process runs it compiled at first sight.
 
 Only op-table kernels (a Recordable with a `key`) on pjrt:0 of a one-process job are kept, with
 operands on that device; a user's lowerings and other devices go through JAX as before. A load
@@ -187,6 +189,40 @@ def executable(memo_key, rec, statics, treedef, avals, full: list) -> Callable:
     _memo[memo_key] = Entry(out_treedef, out_avals, compiled, path)
     if path is not None and not _compiling.loaded:
         _write(path, compiled, out_treedef, out_avals)
+    return compiled
+
+
+def _region_path(calls: list, live: tuple, donate: tuple, inputs: list) -> Path | None:
+    """The file of a region (None: a call that is not kept, an operand that is no array on pjrt:0)."""
+    if any(call[0].key is None for call in calls) or not usable(inputs):
+        return None
+    try:
+        blob = pickle.dumps(([(rec.key, statics, treedef, refs, n) for rec, statics, treedef, refs, n in calls],
+                             live, donate, [(x.shape, str(x.dtype), x.aval.weak_type) for x in inputs],
+                             torch.get_default_dtype(), torch.get_float32_matmul_precision()), protocol=4)
+    except Exception:  # noqa: BLE001  (a static argument that does not pickle: not kept)
+        return None
+    name = hashlib.sha256(blob).hexdigest()
+    return _folder() / name[:2] / name
+
+
+def stored_region(calls: list, live: tuple, donate: tuple, inputs: list) -> Callable | None:
+    """The executable of a region an earlier process compiled (runtime/fused.py's region: its calls,
+    the outputs it keeps, the inputs it donates, its inputs), or None."""
+    path = _region_path(calls, live, donate, inputs)
+    return _load(path) if path is not None and path.exists() else None
+
+
+def region_executable(calls: list, live: tuple, donate: tuple, inputs: list, build: Callable) -> Callable:
+    """A region's executable, compiled now: `build()` (its jitted function) lowered and compiled on
+    `inputs`, and kept for later processes; `build()` itself where the region cannot be kept."""
+    path = _region_path(calls, live, donate, inputs)
+    if path is None:
+        return build()
+    _compiling.loaded = False
+    compiled = build().lower(*inputs).compile()
+    if not _compiling.loaded:
+        _write(path, compiled, None, ())
     return compiled
 
 

@@ -647,10 +647,18 @@ def _run(region: Region, reason: str) -> None:
         _executables.move_to_end(key)
     else:
         how = _first_run(region, key)
-        if how == "compiled":
+        stored = _storable(region)
+        if how == "first sight" and stored:  # compiled by an earlier process: no need to run it op by op
+            run = executable_store.stored_region(region.calls, live, donate, inputs)
+            if run is not None:
+                how = "stored"
+                _stats["store_hits"] += 1
+        elif how == "compiled":
             if len(_compiled_last) > 256:
                 _compiled_last.clear()
-            run = _region_function(region.calls, live, donate)
+            calls = region.calls
+            build = functools.partial(_region_function, calls, live, donate)
+            run = executable_store.region_executable(calls, live, donate, inputs, build) if stored else build()
     _note(region, reason, how, live)
     if run is None:
         _run_call_by_call(region, live)
@@ -668,10 +676,15 @@ def _run(region: Region, reason: str) -> None:
     except BaseException:  # interrupted half way: the run's values are kept all the same
         _materialize(region, live, results)
         raise
-    if how == "compiled":  # cached once it ran: the C++ runner (run_cached_region) finds built ones only
+    if how in ("compiled", "stored"):  # cached once it ran: the C++ runner (run_cached_region) finds built ones only
         while len(_executables) >= MAX_EXECUTABLES:
             _executables.popitem(last=False)
         _executables[key] = run
+
+
+def _storable(region: Region) -> bool:
+    """Whether a region's executables may come from the executable store (on pjrt:0)."""
+    return region.device in (None, 0) and executable_store.on()
 
 
 def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
@@ -740,7 +753,7 @@ def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
     stored: run it on its own (not traced into a region), its executable from the executable store
     where it may come from there."""
     dynamic = jax.tree_util.tree_unflatten(treedef, leaves)
-    if stored and rec.key is not None and executable_store.on():
+    if stored and rec.key is not None:
         try:
             avals = tuple(leaf.aval for leaf in leaves)
         except AttributeError:  # a host value (a numpy seed): JAX's own path
@@ -767,7 +780,7 @@ def _merge(rec, statics, dynamic) -> list:
 def _run_call_by_call(region: Region, live: tuple) -> None:
     """The region's calls one by one (each its own executable, as op-by-op mode runs them)."""
     env = []
-    stored = region.device in (None, 0)
+    stored = _storable(region)
     with _on(region.device):
         for rec, statics, treedef, refs, _ in region.calls:
             leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
@@ -833,6 +846,7 @@ def stats() -> dict:
             "region_cache_hits": _stats["cache_hits"],
             "regions_first_sight": _stats["first_sight"],
             "regions_op_by_op": _stats["regions_op_by_op"],
+            "region_store_hits": _stats["store_hits"],  # compiled by an earlier process (executable_store.py)
             "ended_by": dict(_ended_by),
             "recent_regions": list(_recent_regions),
             "pending_ops": sum(len(region.calls) for region in _open),
