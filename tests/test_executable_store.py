@@ -143,3 +143,33 @@ def test_a_region_an_earlier_process_compiled_runs_compiled_at_its_first_sight(t
     assert first["compiles"] == 1 and first["store_hits"] == 0
     assert second["recent"] == ["first sight", "stored", "cached"]  # read at its first sight, then cached
     assert second["compiles"] == 0 and second["store_hits"] == 1
+
+
+TWO_DEVICES = textwrap.dedent("""
+    import json
+    import torch, torch_pjrt
+    def work(a, b):
+        x = torch.linspace(-1, 1, 12, device=a).view(3, 4)
+        y = torch.linspace(0, 2, 12, device=b).view(3, 4)
+        out = []
+        for i in range(3):
+            x = torch.tanh(x * 2 + i)
+            y = (y.t() @ y).softmax(-1)[:3, :4] + i
+            out.append([x.sum().item(), y.sum().item(), str(x.device), str(y.device)])
+        return out
+    got, expected = work("pjrt:1", "pjrt:0"), work("cpu", "cpu")
+    print("RESULT" + json.dumps({"got": got, "expected": expected}))
+""")
+
+
+def test_calls_on_another_device_are_right_in_every_process(tmp_path):
+    """pjrt:1's calls and regions are not kept (an executable is compiled for its device); pjrt:0's beside
+    them are: every process computes CPU's numbers on the right devices."""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", TWO_DEVICES], env=_env(tmp_path, TORCH_PJRT_CPU_DEVICES="2"),
+                             capture_output=True, text=True, timeout=300)
+        assert "RESULT" in out.stdout, out.stderr[-3000:]
+        run = json.loads(out.stdout.split("RESULT")[-1])
+        for (gx, gy, dx, dy), (ex, ey, _, _) in zip(run["got"], run["expected"]):
+            assert (dx, dy) == ("pjrt:1", "pjrt:0")
+            torch.testing.assert_close(torch.tensor([gx, gy]), torch.tensor([ex, ey]), rtol=1e-5, atol=1e-5)
