@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import torch_pjrt
 
@@ -54,3 +55,18 @@ def test_a_second_process_finds_the_fused_regions_in_the_cache(tmp_path):
     assert first[0] == second[0]
     assert first[3] == second[3] == 1  # the loop's region compiled in each process...
     assert first[2] == 0 and second[2] >= first[1]  # ...and the second read it, and every op's, from the cache
+
+
+def test_old_cache_folders_are_deleted(tmp_path):
+    """Each version (each edit of the source) has its own folder: the KEEP most recently used stay,
+    older ones and those unused for STALE_DAYS go."""
+    from torch_pjrt.runtime import compilation_cache
+
+    now = time.time()
+    for i in range(10):  # used 1..10 hours ago
+        (tmp_path / f"v{i}").mkdir()
+        os.utime(tmp_path / f"v{i}", (now - 3600 * (i + 1),) * 2)
+    os.utime(tmp_path / "v0", (now - 86400 * (compilation_cache.STALE_DAYS + 1),) * 2)  # the least recent
+    compilation_cache.tidy(tmp_path / "current")
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted(["current"] + [f"v{i}" for i in range(1, compilation_cache.KEEP)])

@@ -7,7 +7,7 @@ too). The versions folder names jax, torch and torch-pjrt and a digest of torch-
 so upgrading any of them, or editing the source, starts a new cache (JAX's own key covers the
 program, jax and XLA; ours adds what lowers to them). The op executable store
 (executable_store.py) keeps only executables compiled afresh, so its folder and this one start
-empty together. Folders unused for STALE_DAYS are deleted.
+empty together. Folders unused for STALE_DAYS, or beyond the KEEP most recently used, are deleted.
 `TORCH_PJRT_COMPILE_CACHE=0` turns it off. Executables that compiled in less than
 `TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS` (default 0: an eager op's executable compiles in
 tens of milliseconds and reads back in about one) are not stored. A cache directory the user
@@ -34,7 +34,7 @@ log = logging.getLogger("torch_pjrt")
 _enabled: list = []
 
 
-STALE_DAYS = 7
+STALE_DAYS, KEEP = 7, 8
 
 
 @functools.lru_cache(None)
@@ -55,13 +55,16 @@ def directory() -> Path:
 
 
 def tidy(folder: Path) -> None:
-    """Create `folder`, mark it used now, and delete its siblings unused for STALE_DAYS (other
-    versions' caches: each upgrade, or each edit of this package, starts a new folder)."""
+    """Create `folder`, mark it used now, and delete those of its siblings (other versions' caches:
+    each upgrade, or each edit of this package, starts a new folder) unused for STALE_DAYS or
+    beyond the KEEP most recently used."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         os.utime(folder)
-        for other in folder.parent.iterdir():
-            if other != folder and other.is_dir() and time.time() - other.stat().st_mtime > STALE_DAYS * 86400:
+        others = sorted((other for other in folder.parent.iterdir() if other != folder and other.is_dir()),
+                        key=lambda other: other.stat().st_mtime, reverse=True)
+        for rank, other in enumerate(others, start=2):
+            if rank > KEEP or time.time() - other.stat().st_mtime > STALE_DAYS * 86400:
                 shutil.rmtree(other, ignore_errors=True)
     except OSError as e:  # a read-only cache: reads may still work
         log.debug("pjrt: cache folder %s (%s)", folder, e)
