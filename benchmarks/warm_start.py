@@ -26,6 +26,7 @@ import json, os, sys, time
 start = time.perf_counter()
 sys.path.insert(0, {benchmarks!r})
 import torch
+torch.set_num_threads({threads})
 import train_eager
 device = {device!r}
 imported = time.perf_counter()
@@ -40,9 +41,9 @@ ROWS = {"torch CPU eager": ("cpu", {}), "pjrt (JAX cache + store)": ("pjrt", {})
         "pjrt (JAX cache only)": ("pjrt", {"TORCH_PJRT_EXECUTABLE_STORE": "0"})}
 
 
-def sample(workload: str, device: str, settings: dict, steps: int) -> dict:
+def sample(workload: str, device: str, settings: dict, steps: int, threads: int) -> dict:
     code = CHILD.format(benchmarks=str(Path(__file__).resolve().parent), device=device, workload=workload,
-                        steps=steps)
+                        steps=steps, threads=threads)
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **settings}, capture_output=True,
                          text=True, timeout=900)
@@ -57,17 +58,19 @@ def main() -> None:
     parser.add_argument("--workloads", default="gpt,cnn")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's CPU threads (default 1: CPU torch's thread pool slows many times over on a busy machine)")
     opts = parser.parse_args()
-    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f}, torch threads {opts.threads}")
     print("| workload | row | first steps (s) | process (s) | first steps / torch CPU |")
     print("|---|---|---:|---:|---:|")
     for workload in opts.workloads.split(","):
         for device, settings in ROWS.values():  # warm-up: fills the caches
-            sample(workload, device, settings, opts.steps)
+            sample(workload, device, settings, opts.steps, opts.threads)
         times: dict = {row: [] for row in ROWS}
         for _ in range(opts.rounds):
             for row, (device, settings) in ROWS.items():
-                times[row].append(sample(workload, device, settings, opts.steps))
+                times[row].append(sample(workload, device, settings, opts.steps, opts.threads))
         base = statistics.median(t["steps"] for t in times["torch CPU eager"])
         for row, samples in times.items():
             steps = statistics.median(t["steps"] for t in samples)
