@@ -969,3 +969,9 @@ def test_eigh_takes_uplo_in_either_case(uplo):
 
     expected, actual = call("cpu"), call("pjrt")
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_lstsq_refuses_an_unknown_driver_as_cpu():
+    # pjrt solved with any driver name (test_linalg's test_linalg_lstsq_input_checks)
+    assert_raises_like_cpu(lambda d: torch.linalg.lstsq(torch.rand(2, 3, 3, device=d), torch.rand(2, 3, 2, device=d),
+                                                        driver="fictitious_driver"))

@@ -369,6 +369,8 @@ def linalg_matrix_exp(self):
 def linalg_lstsq(self, b, rcond=None, *, driver=None):
     """Minimum-norm least squares through the SVD; outputs shaped as torch's `driver`."""
     driver = driver or "gelsy"  # torch's default off CUDA
+    if driver not in ("gels", "gelsy", "gelsd", "gelss"):  # pjrt accepted any name (test_linalg_lstsq_input_checks)
+        raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
     A = self
     m, n = A.shape[-2:]
     vector = b.ndim == A.ndim - 1
