@@ -7,6 +7,8 @@ contract (as_strided_scatter keeps self's strides and storage offset); errors wi
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -975,3 +977,22 @@ def test_lstsq_refuses_an_unknown_driver_as_cpu():
     # pjrt solved with any driver name (test_linalg's test_linalg_lstsq_input_checks)
     assert_raises_like_cpu(lambda d: torch.linalg.lstsq(torch.rand(2, 3, 3, device=d), torch.rand(2, 3, 2, device=d),
                                                         driver="fictitious_driver"))
+
+
+def test_out_of_a_column_major_result_resizes_with_one_warning_as_on_cpu():
+    """lu_factor's and cholesky's results are column-major (storage.Permuted): their out= tensors were
+    taken for another dtype than the result, so CPU ran the call again and warned twice."""
+    def run(device):
+        a = torch.tensor([[4.0, 1, 2], [1, 3, 0], [2, 0, 5]], device=device)
+        out = (torch.empty(1, device=device), torch.empty(1, dtype=torch.int32, device=device))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.linalg.lu_factor(a, out=out)
+            factor = torch.linalg.cholesky(a, out=torch.empty(1, device=device))
+        return [str(w.message) for w in caught], [out[0].cpu(), out[1].cpu(), factor.cpu()]
+
+    (cpu_warnings, expected), (pjrt_warnings, got) = run("cpu"), run("pjrt")
+    first_sentence = lambda messages: [m.split("]")[0] for m in messages]  # noqa: E731  (where it is raised differs)
+    assert first_sentence(pjrt_warnings) == first_sentence(cpu_warnings)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)

@@ -173,3 +173,29 @@ def test_calls_on_another_device_are_right_in_every_process(tmp_path):
         for (gx, gy, dx, dy), (ex, ey, _, _) in zip(run["got"], run["expected"]):
             assert (dx, dy) == ("pjrt:1", "pjrt:0")
             torch.testing.assert_close(torch.tensor([gx, gy]), torch.tensor([ex, ey]), rtol=1e-5, atol=1e-5)
+
+
+CUSTOM_CALLS = textwrap.dedent("""
+    import json
+    import torch, torch_pjrt
+    def work(device):
+        a = (torch.eye(3, dtype=torch.float64) * 2 + 0.1).to(device)
+        values = [torch.linalg.det(a).item(), torch.linalg.svdvals(a).tolist(),
+                  torch.fft.fft(torch.arange(4.0, device=device)).abs().tolist()]
+        for _ in range(2):  # a region with LAPACK's custom call, compiled at its second sight
+            values.append(torch.linalg.inv(a * 3).sum().item())
+        return values
+    print("RESULT" + json.dumps({"got": work("pjrt"), "expected": work("cpu")}))
+""")
+
+
+def test_programs_with_custom_calls_run_in_every_process(tmp_path):
+    """LAPACK's and FFT's custom calls are registered where a program is lowered: a process that read
+    such an executable would crash running it (a segfault), so they are not kept."""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", CUSTOM_CALLS], env=_env(tmp_path), capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0 and "RESULT" in out.stdout, (out.returncode, out.stderr[-3000:])
+        run = json.loads(out.stdout.split("RESULT")[-1])
+        for g, e in zip(run["got"], run["expected"]):
+            torch.testing.assert_close(torch.tensor(g), torch.tensor(e))

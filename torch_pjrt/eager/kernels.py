@@ -572,10 +572,12 @@ def _item(args, i: int, n: int) -> list:
 
 
 def _flat_values(results) -> list:
+    """A kernel's array results in order (a column-major result, storage.Permuted, by its array)."""
     out = []
     for r in results:
         out.extend(r if isinstance(r, (list, tuple)) else [r])
-    return [r for r in out if hasattr(r, "dtype")]
+    return [r.array if isinstance(r, storage.Permuted) else r for r in out
+            if hasattr(r, "dtype") or isinstance(r, storage.Permuted)]
 
 
 def _flat_tensors(values) -> list:

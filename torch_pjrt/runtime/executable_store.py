@@ -182,14 +182,23 @@ def executable(memo_key, rec, statics, treedef, avals, full: list) -> Callable:
                 rec.loaded(full)
             return run
     _compiling.loaded = False
-    compiled = rec.fn.lower(*full).compile()
+    lowered = rec.fn.lower(*full)
+    compiled = lowered.compile()
     out_leaves, out_treedef = jax.tree_util.tree_flatten(compiled.out_info)
     out_avals = tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=getattr(o, "weak_type", False))
                       for o in out_leaves)
     _memo[memo_key] = Entry(out_treedef, out_avals, compiled, path)
-    if path is not None and not _compiling.loaded:
+    if path is not None and _keepable(lowered):
         _write(path, compiled, out_treedef, out_avals)
     return compiled
+
+
+def _keepable(lowered) -> bool:
+    """Whether a compiled program may be kept: compiled afresh (see _compiling), and calling no custom
+    call. A custom call's target (LAPACK's, FFT's, a host callback) is registered in the process that
+    lowered it, when it lowered it: another process that only reads the executable has none, and XLA:CPU
+    crashes (a segfault, not an error) running it (linalg.det, jax 0.10.2)."""
+    return not _compiling.loaded and "custom_call" not in lowered.as_text()
 
 
 def _region_path(calls: list, live: tuple, donate: tuple, inputs: list) -> Path | None:
@@ -220,8 +229,9 @@ def region_executable(calls: list, live: tuple, donate: tuple, inputs: list, bui
     if path is None:
         return build()
     _compiling.loaded = False
-    compiled = build().lower(*inputs).compile()
-    if not _compiling.loaded:
+    lowered = build().lower(*inputs)
+    compiled = lowered.compile()
+    if _keepable(lowered):
         _write(path, compiled, None, ())
     return compiled
 
