@@ -260,8 +260,12 @@ def check_writes(op, args: tuple, kwargs: dict, written: list) -> None:
     args, kwargs = sig.split(sig.bind(args, kwargs))  # the C++ kernels pass keyword-only ones by position
     twins = _Twins(lambda flat: torch.empty(flat.shape, dtype=flat.dtype, device="meta"), "meta")
     outs = {sig.names[i] for i in sig.written if sig.kwarg_only[i]}
+    inputs = {t.untyped_storage().data_ptr() for t in _tensors([*args, *(v for k, v in kwargs.items() if k not in outs)])}
+    # an out= sharing an input's memory keeps its twin: the meta kernel's overlap check needs it
     _, refusal = _run_meta(op, [twins(a) for a in args],
-                           {k: _emptied(twins(v)) if k in outs else twins(v) for k, v in kwargs.items()})
+                           {k: _emptied(twins(v)) if k in outs and not any(
+                               t.untyped_storage().data_ptr() in inputs for t in _tensors([v])) else twins(v)
+                            for k, v in kwargs.items()})
     overlaps = {overlap(t, args, kwargs) for t in written}
     if refusal is None and "partial" not in overlaps and ("same" not in overlaps or op in _SAME_TENSOR_OK):
         return
@@ -270,6 +274,17 @@ def check_writes(op, args: tuple, kwargs: dict, written: list) -> None:
         raise expected from None
     if refusal is None and "same" in overlaps and overlaps <= {None, "same"}:
         _SAME_TENSOR_OK.add(op)  # (x.add_(x), add(x, y, out=x): CPU allows it, so ask it once per op)
+
+
+def _tensors(values) -> list:
+    """The tensors among `values` and in their lists."""
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found.extend(t for t in v if isinstance(t, torch.Tensor))
+    return found
 
 
 def _emptied(out):
