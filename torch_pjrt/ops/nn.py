@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from jax import lax
 from ..dtypes import to_jax, to_torch
-from ..runtime import platform
 from .promotion import cast, promote
 from .registry import family, BATCH_ONLY, Padding
 
@@ -69,7 +68,7 @@ def _dot_general(a, b, contract, batch=((), ())):
     has no BF16 x BF16 = F32 kernel, and a batched dot of a transposed bfloat16 operand reached it
     ("UNIMPLEMENTED: Unsupported element type for DotThunk::Execute", test_linalg's test_bmm)."""
     preferred = _preferred(a.dtype)
-    if preferred is not None and platform.name() == "cpu":
+    if preferred is not None and jax.default_backend() == "cpu":  # (ops may not ask runtime.platform: layers)
         a, b = a.astype(preferred), b.astype(preferred)
     return lax.dot_general(a, b, (contract, batch), precision=matmul_precision(), preferred_element_type=preferred)
 
