@@ -114,16 +114,19 @@ def _folder() -> Path | None:
 
 def _path(rec, statics, treedef, avals) -> Path | None:
     """The file of a signature (None: the store is off, or the signature does not pickle)."""
-    folder = _folder()
-    if folder is None:
+    if _folder() is None:
         return None
+    return _file((rec.key, statics, treedef, [(a.shape, str(a.dtype), a.weak_type) for a in avals]))
+
+
+def _file(key: tuple) -> Path | None:
+    """The file of `key` with the state lowerings read at trace time (None: it does not pickle)."""
     try:
-        blob = pickle.dumps((rec.key, statics, treedef, [(a.shape, str(a.dtype), a.weak_type) for a in avals],
-                             torch.get_default_dtype(), torch.get_float32_matmul_precision()), protocol=4)
+        blob = pickle.dumps((key, torch.get_default_dtype(), torch.get_float32_matmul_precision()), protocol=4)
     except Exception:  # noqa: BLE001  (a static argument that does not pickle: not kept)
         return None
     name = hashlib.sha256(blob).hexdigest()
-    return folder / name[:2] / name
+    return _folder() / name[:2] / name
 
 
 def on() -> bool:
@@ -205,14 +208,8 @@ def _region_path(calls: list, live: tuple, donate: tuple, inputs: list) -> Path 
     """The file of a region (None: a call that is not kept, an operand that is no array on pjrt:0)."""
     if any(call[0].key is None for call in calls) or not usable(inputs):
         return None
-    try:
-        blob = pickle.dumps(([(rec.key, statics, treedef, refs, n) for rec, statics, treedef, refs, n in calls],
-                             live, donate, [(x.shape, str(x.dtype), x.aval.weak_type) for x in inputs],
-                             torch.get_default_dtype(), torch.get_float32_matmul_precision()), protocol=4)
-    except Exception:  # noqa: BLE001  (a static argument that does not pickle: not kept)
-        return None
-    name = hashlib.sha256(blob).hexdigest()
-    return _folder() / name[:2] / name
+    return _file(([(rec.key, statics, treedef, refs, n) for rec, statics, treedef, refs, n in calls],
+                  live, donate, [(x.shape, str(x.dtype), x.aval.weak_type) for x in inputs]))
 
 
 def stored_region(calls: list, live: tuple, donate: tuple, inputs: list) -> Callable | None:
