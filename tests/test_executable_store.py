@@ -107,6 +107,44 @@ def test_the_store_can_be_turned_off(tmp_path):
     _close(second["got"], second["expected"])
 
 
+
+SAME_PROGRAM_TWICE = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    import torch, torch_pjrt
+    from torch_pjrt.runtime import executable_store, fused, platform
+    rec = fused.Recordable(jax.jit(lambda x: jnp.sin(x.T) * 2), key="tests.sin_of_transpose")
+    x = jax.device_put(jnp.linspace(-3, 3, 64 * 32, dtype=jnp.float32).reshape(64, 32), platform.device(0))
+    treedef = jax.tree_util.tree_structure((x,))
+    got = []
+    for _ in range(2):  # the second time from JAX's in-memory cache: the store's memo is forgotten
+        got.append(executable_store.executable(("sin_t",), rec, (), treedef, [x.aval], [x])(x).tolist())
+        executable_store._memo.clear()
+    print("RESULT" + json.dumps({"got": got, "expected": (jnp.sin(x.T) * 2).tolist()}))
+""")
+
+
+def test_only_what_xla_compiled_afresh_is_kept(tmp_path):
+    """An executable JAX gave from a cache of its own serializes without its kernels' object code
+    (XLA:CPU, jax 0.10: another process fails running it, "Function transpose_copy_fusion not
+    found"), also when it is JAX's in-memory copy of one read from its persistent cache (met
+    again under another signature, or after the store forgot its own): none is kept."""
+    def run(**settings):
+        out = subprocess.run([sys.executable, "-c", SAME_PROGRAM_TWICE], env=_env(tmp_path, **settings),
+                             capture_output=True, text=True, timeout=300)
+        assert "RESULT" in out.stdout, out.stderr[-3000:]
+        result = json.loads(out.stdout.split("RESULT")[-1])
+        for got in result["got"]:
+            assert got == result["expected"]
+        return result
+
+    run(TORCH_PJRT_EXECUTABLE_STORE="0")  # compiled: JAX's cache holds it
+    run()  # read from JAX's cache, then taken from its memory: neither kept
+    kept = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert kept == [], f"{len(kept)} executables kept that XLA did not compile in that process"
+    run()
+
+
 LOOP = textwrap.dedent("""
     import json
     import torch, torch_pjrt

@@ -30,6 +30,16 @@ def mode():
     torch_pjrt.set_eager_mode(before)
 
 
+@pytest.fixture(autouse=True)
+def _no_executable_store(monkeypatch):
+    """These tests follow a region from its first sight (op by op) to compiled and cached: a region an
+    earlier process or test kept on disk would start "stored" (tests/test_executable_store.py tests that)."""
+    from torch_pjrt.runtime import executable_store
+
+    monkeypatch.setitem(executable_store._state, "folder", None)
+    executable_store._memo.clear()
+
+
 def _fused_stats() -> dict:
     return torch_pjrt.eager_stats()["fused"]
 

@@ -60,18 +60,32 @@ class Entry(NamedTuple):
 
 _memo: dict = {}  # the in-process key (fused's) -> Entry
 _state: dict = {}  # "folder": the namespace folder, or None when the store is off
-# Whether this thread's compile was a read from JAX's persistent cache: such an executable serializes
-# without the compiled kernels it shares with the one JAX stored (XLA:CPU, jax 0.10: running it in
-# another process fails with "Function wrapped_and not found"), so only fresh compiles are kept.
+# What XLA did in this thread's last compile: only an executable XLA compiled just then is kept.
+# Serializing one JAX read from its persistent cache (or took from its in-memory cache, which may
+# hold such a read) loses the kernels' object code (XLA:CPU, jax 0.10: running the copy fails with
+# "Function transpose_copy_fusion not found").
 _compiling = threading.local()
 
 
 def _on_event(name: str, **_) -> None:
     if name.endswith("compilation_cache/cache_hits"):
-        _compiling.loaded = True
+        _compiling.fresh = False
+
+
+def _on_duration(name: str, _secs: float, **_) -> None:
+    if name == executable_budget.BUILD_EVENT and getattr(_compiling, "fresh", None) is None:
+        _compiling.fresh = True
 
 
 jax.monitoring.register_event_listener(_on_event)
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def _compile(lowered):
+    """`lowered` compiled, and whether XLA compiled it just now (no cache of JAX's gave it)."""
+    _compiling.fresh = None
+    compiled = lowered.compile()
+    return compiled, _compiling.fresh is True
 
 
 _OFF, _ON = ("0", "false", "off", "no"), ("", "1", "true", "on", "yes")
@@ -184,24 +198,23 @@ def executable(memo_key, rec, statics, treedef, avals, full: list) -> Callable:
             if rec.loaded is not None:
                 rec.loaded(full)
             return run
-    _compiling.loaded = False
     lowered = rec.fn.lower(*full)
-    compiled = lowered.compile()
+    compiled, fresh = _compile(lowered)
     out_leaves, out_treedef = jax.tree_util.tree_flatten(compiled.out_info)
     out_avals = tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=getattr(o, "weak_type", False))
                       for o in out_leaves)
     _memo[memo_key] = Entry(out_treedef, out_avals, compiled, path)
-    if path is not None and _keepable(lowered):
+    if path is not None and fresh and _keepable(lowered):
         _write(path, compiled, out_treedef, out_avals)
     return compiled
 
 
 def _keepable(lowered) -> bool:
-    """Whether a compiled program may be kept: compiled afresh (see _compiling), and calling no custom
-    call. A custom call's target (LAPACK's, FFT's, a host callback) is registered in the process that
-    lowered it, when it lowered it: another process that only reads the executable has none, and XLA:CPU
-    crashes (a segfault, not an error) running it (linalg.det, jax 0.10.2)."""
-    return not _compiling.loaded and "custom_call" not in lowered.as_text()
+    """Whether a program compiled afresh may be kept: it calls no custom call. A custom call's target
+    (LAPACK's, FFT's, a host callback) is registered in the process that lowered it, when it
+    lowered it: another process that only reads the executable has none, and XLA:CPU crashes (a
+    segfault, not an error) running it (linalg.det, jax 0.10.2)."""
+    return "custom_call" not in lowered.as_text()
 
 
 def _region_path(calls: list, live: tuple, donate: tuple, inputs: list) -> Path | None:
@@ -225,10 +238,9 @@ def region_executable(calls: list, live: tuple, donate: tuple, inputs: list, bui
     path = _region_path(calls, live, donate, inputs)
     if path is None:
         return build()
-    _compiling.loaded = False
     lowered = build().lower(*inputs)
-    compiled = lowered.compile()
-    if _keepable(lowered):
+    compiled, fresh = _compile(lowered)
+    if fresh and _keepable(lowered):
         _write(path, compiled, None, ())
     return compiled
 
