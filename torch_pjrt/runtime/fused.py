@@ -514,8 +514,7 @@ def _shape_of(rec, args, leaves, treedef, avals, key):
     if stored is not None:
         out_treedef, out_avals = stored.out_treedef, stored.out_avals
     else:
-        dynamic = iter(jax.tree_util.tree_unflatten(treedef, abstract))
-        full = [args[i] if i in rec.static else next(dynamic) for i in range(len(args))]
+        full = _merge(rec, [args[i] for i in rec.static], jax.tree_util.tree_unflatten(treedef, abstract))
         out_leaves, out_treedef = jax.tree_util.tree_flatten(rec.fn.eval_shape(*full))
         out_avals = tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type) for o in out_leaves)
     if out_treedef.num_nodes == 1 and out_treedef.num_leaves == 1:  # one array: returned as is
