@@ -979,6 +979,13 @@ def test_lstsq_refuses_an_unknown_driver_as_cpu():
                                                         driver="fictitious_driver"))
 
 
+@pytest.mark.parametrize("other_dtype", [torch.int64, torch.float64])
+def test_lstsq_refuses_another_dtype_as_cpu(other_dtype):
+    # pjrt solved in the input's dtype where CPU refuses (silent; test_linalg_lstsq_input_checks)
+    assert_raises_like_cpu(lambda d: torch.linalg.lstsq(torch.rand(2, 2, 2, 2, device=d),
+                                                        (torch.rand(2, 2, 2, device=d) * 100).to(other_dtype)))
+
+
 def test_out_of_a_column_major_result_resizes_with_one_warning_as_on_cpu():
     """lu_factor's and cholesky's results are column-major (storage.Permuted): their out= tensors were
     taken for another dtype than the result, so CPU ran the call again and warned twice."""

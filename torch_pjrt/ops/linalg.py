@@ -371,6 +371,9 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
     driver = driver or "gelsy"  # torch's default off CUDA
     if driver not in ("gels", "gelsy", "gelsd", "gelss"):  # pjrt accepted any name (test_linalg_lstsq_input_checks)
         raise RuntimeError("torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)")
+    if self.dtype != b.dtype:  # CPU refuses rather than promotes (pjrt solved in input's dtype)
+        raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's "
+                           f"dtype {c10_name(to_torch(self.dtype))} and other's dtype {c10_name(to_torch(b.dtype))}")
     A = self
     m, n = A.shape[-2:]
     vector = b.ndim == A.ndim - 1
