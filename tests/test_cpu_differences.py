@@ -1003,3 +1003,17 @@ def test_out_of_a_column_major_result_resizes_with_one_warning_as_on_cpu():
     assert first_sentence(pjrt_warnings) == first_sentence(cpu_warnings)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d, a, b: torch.mm(a, b),
+    lambda d, a, b: torch.mv(a, b[:, 0]),
+    lambda d, a, b: torch.addmm(torch.ones(2, 4, device=d), a, b),
+    lambda d, a, b: torch.addmm(torch.ones(2, 4, dtype=torch.float64, device=d), b.t()[:2, :3].float(), b.float()),
+    lambda d, a, b: torch.addbmm(torch.ones(2, 4, device=d), a[None], b[None]),
+    lambda d, a, b: a.float() @ b.bfloat16(),
+], ids=["mm", "mv", "addmm", "addmm-self", "addbmm", "matmul-bf16"])
+def test_matmuls_refuse_operands_of_two_dtypes_as_cpu(call):
+    # pjrt multiplied an int16 by a float32 matrix and returned int16 (silent; test_linalg's
+    # test_mm_empty_inputs_mixed_dtype_errors): CPU refuses, with each op's own words
+    assert_raises_like_cpu(lambda d: call(d, torch.ones(2, 3, dtype=torch.int16, device=d), torch.ones(3, 4, device=d)))

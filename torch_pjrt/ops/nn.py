@@ -103,8 +103,17 @@ def _scaled_add(self, prod, beta, alpha, out_dtype):
 # ------------------------------------------------------------------------- matmuls
 
 
+def _same_dtypes_as_cpu(op, *operands) -> None:
+    """CPU's matmuls refuse operands of different dtypes (no promotion), each with its own words:
+    raise them by asking CPU's kernel on free stand-ins (one element expanded to the shapes)."""
+    if len({x.dtype for x in operands}) > 1:
+        op(*(torch.zeros((), dtype=to_torch(x.dtype)).expand(x.shape) for x in operands))
+        raise RuntimeError(f"{op}: expected operands of one dtype, got {[str(x.dtype) for x in operands]}")
+
+
 @lowering(aten.mm.default, padding=Padding("contraction"))
 def mm(self, mat2):
+    _same_dtypes_as_cpu(aten.mm.default, self, mat2)
     return _dot_general(self, mat2, ((1,), (0,))).astype(self.dtype)
 
 
@@ -115,6 +124,7 @@ def bmm(self, mat2):
 
 @lowering(aten.mv.default, padding=Padding("contraction"))
 def mv(self, vec):
+    _same_dtypes_as_cpu(aten.mv.default, self, vec)
     return _dot_general(self, vec, ((1,), (0,))).astype(self.dtype)
 
 
@@ -130,6 +140,7 @@ def vdot(self, other):
 
 @lowering(aten.addmm.default, padding=Padding("contraction"))
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    _same_dtypes_as_cpu(aten.addmm.default, self, mat1, mat2)
     return _scaled_add(self, _dot_general(mat1, mat2, ((1,), (0,))), beta, alpha, mat1.dtype)
 
 
@@ -146,6 +157,7 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @lowering(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    _same_dtypes_as_cpu(aten.addbmm.default, self, batch1, batch2)
     # sum over the batch is a second contraction dimension
     prod = _dot_general(batch1, batch2, ((0, 2), (0, 1)))
     return _scaled_add(self, prod, beta, alpha, batch1.dtype)
