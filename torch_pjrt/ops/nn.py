@@ -104,10 +104,9 @@ def _scaled_add(self, prod, beta, alpha, out_dtype):
 
 
 def _same_dtypes_as_cpu(op, *operands) -> None:
-    """CPU's matmuls refuse operands of different dtypes (no promotion), each with its own words:
-    raise them by asking CPU's kernel on free stand-ins (one element expanded to the shapes)."""
+    """CPU's matmuls refuse operands of different dtypes (no promotion). Eager turns a lowering's
+    refusal into CPU's own exception for the call (errors.as_torch_error asks CPU)."""
     if len({x.dtype for x in operands}) > 1:
-        op(*(torch.zeros((), dtype=to_torch(x.dtype)).expand(x.shape) for x in operands))
         raise RuntimeError(f"{op}: expected operands of one dtype, got {[str(x.dtype) for x in operands]}")
 
 
