@@ -1,4 +1,5 @@
-"""Output strides follow torch: the op's meta kernel lays out every eager output.
+"""Output strides follow torch: the op's meta kernel lays out every eager output (an op without
+one, such as geqrf, takes CPU's layout from a run of CPU's kernel on zeros).
 
 A channels_last input gives a channels_last output where CPU gives one (pooling, upsampling,
 elementwise, normalization), copies keep a dense layout as CUDA's do, and the values are
@@ -85,3 +86,19 @@ def test_channels_last_training_step_matches_cpu():
     twin(x.to("pjrt")).square().mean().backward()
     for a, b in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_an_op_without_a_meta_kernel_keeps_cpus_strides(batch):
+    """geqrf has no meta kernel; CPU returns its reflectors column-major, and PyTorch's test_ormqr
+    checks `reflectors.mT.is_contiguous()` on every device."""
+    a = torch.randn(*batch, 5, 3, generator=torch.Generator().manual_seed(0))
+    reflectors, tau = torch.geqrf(a)
+    actual, actual_tau = torch.geqrf(a.to("pjrt"))
+    assert actual.stride() == reflectors.stride() and actual.mT.is_contiguous()
+    assert actual_tau.stride() == tau.stride()
+    torch.testing.assert_close(actual.cpu(), reflectors, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(actual_tau.cpu(), tau, atol=1e-5, rtol=1e-5)
+    c = torch.randn(*batch, 5, 3)
+    torch.testing.assert_close(torch.ormqr(actual, actual_tau, c.to("pjrt")).cpu(), torch.ormqr(reflectors, tau, c),
+                               atol=1e-5, rtol=1e-5)

@@ -25,6 +25,7 @@ import warnings
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 from ..runtime import fused, storage
 from ..dtypes import to_torch
@@ -122,6 +123,8 @@ def _run_meta(op, pos: list, kw: dict):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return op(*pos, **kw), None
+    except NotImplementedError:  # no meta kernel (geqrf...): CPU's layout, from a run on zeros
+        return _cpu_layout(op, pos, kw), None
     except _NO_VERDICT:
         return None, None
     except _VERDICTS as e:
@@ -130,6 +133,36 @@ def _run_meta(op, pos: list, kw: dict):
         return None, e
     except Exception:  # noqa: BLE001  (a meta kernel's own bug, e.g. AttributeError)
         return None, None
+
+
+# The most elements a CPU stand-in run (_cpu_layout) computes over; past it, outputs stay row-major.
+STAND_IN_ELEMENTS = 1 << 20
+
+
+def _cpu_layout(op, pos: list, kw: dict):
+    """For an op torch gives no meta kernel: its outputs as meta tensors with the sizes and strides
+    CPU torch gives them, found by running CPU's kernel on zeros laid out as the meta inputs
+    (geqrf's reflectors are column-major on CPU). Only a layout: a refusal on zeros says nothing
+    of the real values, so any exception is no verdict (None), as is a call too large to run here."""
+    metas = [t for t in pytree.tree_leaves((pos, kw)) if isinstance(t, torch.Tensor)]
+    if sum(t.numel() for t in metas) > STAND_IN_ELEMENTS:
+        return None
+
+    def on_cpu(v):
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).zero_()
+        return torch.device("cpu") if isinstance(v, torch.device) else v
+
+    def as_meta(v):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outputs = op(*pytree.tree_map(on_cpu, pos), **pytree.tree_map(on_cpu, kw))
+    except Exception:  # noqa: BLE001  (zeros stand in for the values: no verdict on the call)
+        return None
+    return pytree.tree_map(as_meta, outputs)
 
 
 def meta_values(lowering, sig, values, concrete=None) -> list:
