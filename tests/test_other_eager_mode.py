@@ -27,7 +27,7 @@ def _pass_in_the_other_mode(files: list[str]) -> None:
     other = "op" if torch_pjrt.eager_mode() == "fused" else "fused"
     here = Path(__file__).parent
     env = {**os.environ, "TORCH_PJRT_EAGER": other}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
                              *(str(here / f) for f in files)], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
