@@ -22,6 +22,13 @@ from torch_pjrt.cli import main
 from tests.checkout import ROOT, environment
 from torch_pjrt.tools import bench
 
+
+@pytest.fixture(autouse=True)
+def _wide_output(monkeypatch):
+    """The report's text is checked verbatim: a non-terminal output is 160 columns wide unless COLUMNS
+    says otherwise, and pytest-xdist's workers set COLUMNS to the controller's terminal (80 here)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
 FAST = ["--steps", "2", "--warmup", "1", "--no-progress"]
 TIMINGS = ("first_call_s", "compile_s", "latency_p50_ms", "latency_p95_ms", "latency_mean_ms",
            "latency_min_ms", "samples_per_s", "wall_s")

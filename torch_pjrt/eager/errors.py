@@ -358,13 +358,11 @@ def overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
     if torch._debug_has_internal_overlap(target) != 0:
         return "partial"
     ptr, span = target.untyped_storage().data_ptr(), _span(target)
-    others = [*args, *kwargs.values()]
-    others += [t for a in others if isinstance(a, (list, tuple)) for t in a]
+    others = _tensors([*args, *kwargs.values()])
     mine = next((i for i, a in enumerate(others) if a is target), None)  # the written argument itself
     kind = None
     for i, a in enumerate(others):
-        if i == mine or not isinstance(a, torch.Tensor) or a.device != target.device \
-                or a.untyped_storage().data_ptr() != ptr:
+        if i == mine or a.device != target.device or a.untyped_storage().data_ptr() != ptr:
             continue
         if a.shape == target.shape and a.stride() == target.stride() and \
                 a.storage_offset() == target.storage_offset():
