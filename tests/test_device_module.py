@@ -172,6 +172,28 @@ def test_synchronize_waits_for_the_latest_results(mode):
         torch_pjrt.set_eager_mode(before)
 
 
+@pytest.mark.parametrize("mode", ["op", "fused"])
+def test_synchronize_waits_once_for_each_result(mode):
+    """What one synchronize() waited for, the next does not walk again: after a step and a
+    synchronize, its bookkeeping holds nothing, and the next step's results are all it waits for."""
+    from torch_pjrt.runtime import fused, storage
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        x = torch.randn(8, 8, device="pjrt")
+        for _ in range(300):  # more results than the bookkeeping keeps (its maxlen)
+            x = x * 1.0001
+        torch.pjrt.synchronize()
+        assert len(storage._recent) == 0 and len(fused._recent_outputs) == 0
+        y = (x + 1).tanh()
+        torch.pjrt.synchronize()
+        assert len(storage._recent) == 0 and len(fused._recent_outputs) == 0
+        torch.testing.assert_close(y.cpu(), (x.cpu() + 1).tanh())
+    finally:
+        torch_pjrt.set_eager_mode(before)
+
+
 def test_accelerator_memory_functions():
     torch.accelerator.reset_peak_memory_stats()
     before = torch.accelerator.memory_allocated()

@@ -229,12 +229,29 @@ def synchronize(index: int = -1) -> None:
     run, then the latest results are waited for (PJRT runs a device's work in the order it was
     queued, so the latest results cover what is in flight): the latest op-by-op results and copies
     (`_recent`) and the latest regions' outputs (`fused._recent_outputs`). Not every live array:
-    a model's weights and cached scalars are hundreds of arrays long finished (80 us a call)."""
+    a model's weights and cached scalars are hundreds of arrays long finished (80 us a call).
+    What it waited for (and what is gone) leaves that bookkeeping: the next synchronize waits only
+    for what came since (a step then a synchronize walks that step's results, not 256 weak references)."""
     fused.flush_all("synchronize")
     target = None if index < 0 or len(platform.devices()) == 1 else platform.device(index)
-    latest = list(_recent) + [a for a in (ref() for ref in fused._recent_outputs) if a is not None]
+    copies, outputs = list(_recent), list(fused._recent_outputs)
+    latest = copies + [a for a in (ref() for ref in outputs) if a is not None]
     pending = [a for a in latest if not a.is_deleted() and (target is None or target in a.devices())]
     jax.block_until_ready(pending)
+
+    def elsewhere(a) -> bool:  # a result of another device: it stays for that device's synchronize
+        return target is not None and a is not None and not a.is_deleted() and target not in a.devices()
+
+    _forget_oldest(_recent, copies, elsewhere)
+    _forget_oldest(fused._recent_outputs, outputs, lambda ref: elsewhere(ref()))
+
+
+def _forget_oldest(recent: collections.deque, oldest: list, keep) -> None:
+    """Drop the `oldest` entries (read before the wait; another thread may have appended since)
+    from `recent`, but those `keep` says to keep."""
+    for _ in range(min(len(oldest), len(recent))):
+        recent.popleft()
+    recent.extendleft(reversed([entry for entry in oldest if keep(entry)]))
 
 
 def unshared(array: jax.Array, holders: int) -> bool:
