@@ -211,3 +211,16 @@ def test_cross():
     check(aten.linalg_cross.default, r(4, 3), r(4, 3, seed=1), **TOL)
     check(aten.linalg_cross.default, r(3, 5), r(1, 5, seed=1).expand(3, 5).contiguous(), dim=0, **TOL)
     check(aten.linalg_cross.default, r(2, 4, 3), r(1, 4, 3, seed=1), **TOL)
+
+
+@pytest.mark.parametrize("shape", [(3, 2**20), (2**18, 3), (2, 3, 40), (5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64])
+def test_svdvals_of_a_long_matrix(shape, dtype):
+    """PyTorch's test_svd_memory_allocation: JAX's LAPACK call declared an n x n output for the
+    singular values of a 3 x 2^20 matrix (out of memory). The values are CPU's (float64) and, in
+    single precision, at least as close to float64's as CPU's own."""
+    a = torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    actual = torch.linalg.svdvals(a.to("pjrt")).cpu()
+    reference = torch.linalg.svdvals(a.to(torch.complex128 if dtype.is_complex else torch.float64))
+    cpu_error = ((torch.linalg.svdvals(a).double() - reference) / reference).abs().max()
+    assert ((actual.double() - reference) / reference).abs().max() <= max(float(cpu_error), 1e-6)
