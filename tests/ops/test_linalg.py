@@ -224,3 +224,14 @@ def test_svdvals_of_a_long_matrix(shape, dtype):
     reference = torch.linalg.svdvals(a.to(torch.complex128 if dtype.is_complex else torch.float64))
     cpu_error = ((torch.linalg.svdvals(a).double() - reference) / reference).abs().max()
     assert ((actual.double() - reference) / reference).abs().max() <= max(float(cpu_error), 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.complex128])
+def test_slogdet_of_singular_matrices(dtype):
+    """A singular matrix's sign is 0 on CPU; the complex lowering divided 0 by |0| (nan + nan j),
+    which PyTorch's test_slogdet found."""
+    a = torch.stack([torch.ones(3, 3), torch.randn(3, 3, generator=torch.Generator().manual_seed(0))]).to(dtype)
+    sign, logabsdet = torch.linalg.slogdet(a.to("pjrt"))
+    expected_sign, expected_logabsdet = torch.linalg.slogdet(a)
+    torch.testing.assert_close(sign.cpu(), expected_sign, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logabsdet.cpu(), expected_logabsdet, atol=1e-5, rtol=1e-5)

@@ -267,7 +267,9 @@ def _linalg_slogdet(A):
     absd = jnp.abs(d)
     logabsdet = jnp.sum(jnp.log(absd), axis=-1)
     if jnp.iscomplexobj(d):
-        sign = jnp.prod(d / absd.astype(d.dtype), axis=-1) * parity.astype(d.dtype)
+        zero = absd == 0  # a singular matrix's sign is 0, as CPU's (d / |d| would be nan)
+        unit = jnp.where(zero, 0, d / jnp.where(zero, 1, absd).astype(d.dtype))
+        sign = jnp.prod(unit, axis=-1) * parity.astype(d.dtype)
     else:
         sign = jnp.prod(jnp.sign(d), axis=-1) * parity
     return sign.astype(A.dtype), logabsdet, lu, piv
