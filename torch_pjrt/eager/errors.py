@@ -95,8 +95,9 @@ def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
 
 # Ops whose meta check rejected a call that CPU accepts: their executables trace unchecked.
 _META_UNRELIABLE: set = set()
-# Failures of the meta machinery rather than verdicts on the call; the exceptions torch's checks raise.
-_NO_VERDICT = (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException)
+# A failure of the meta machinery rather than a verdict on the call (an op without a meta kernel raises
+# NotImplementedError: _run_meta asks CPU for its layout); the exceptions torch's checks raise.
+_NO_VERDICT = torch._subclasses.fake_tensor.DataDependentOutputException
 _VERDICTS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError)
 
 

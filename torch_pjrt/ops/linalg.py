@@ -264,14 +264,9 @@ def _linalg_det(A):
 @lowering(aten._linalg_slogdet.default)
 def _linalg_slogdet(A):
     lu, piv, d, parity = _lu_det_parts(A)
-    absd = jnp.abs(d)
-    logabsdet = jnp.sum(jnp.log(absd), axis=-1)
-    if jnp.iscomplexobj(d):
-        zero = absd == 0  # a singular matrix's sign is 0, as CPU's (d / |d| would be nan)
-        unit = jnp.where(zero, 0, d / jnp.where(zero, 1, absd).astype(d.dtype))
-        sign = jnp.prod(unit, axis=-1) * parity.astype(d.dtype)
-    else:
-        sign = jnp.prod(jnp.sign(d), axis=-1) * parity
+    logabsdet = jnp.sum(jnp.log(jnp.abs(d)), axis=-1)
+    # jnp.sign is d / |d| for complex d and 0 at 0: a singular matrix's sign is 0, as on CPU
+    sign = jnp.prod(jnp.sign(d), axis=-1) * parity.astype(d.dtype)
     return sign.astype(A.dtype), logabsdet, lu, piv
 
 
