@@ -347,3 +347,44 @@ def test_ops_on_compressed_sparse_tensors_raise_the_sparse_error():
     for op in (lambda t: t.to_dense(), repr, lambda t: t @ torch.ones(2, 2, device="pjrt")):
         with pytest.raises(NotImplementedError, match=SPARSE_MESSAGE):
             op(csr)
+
+
+@pytest.fixture(scope="module")
+def needs_a_terabyte():
+    """A custom op whose result is small but whose XLA temporaries are 1 TiB (the allocator, which
+    sees tensors only, lets it through; XLA cannot allocate it)."""
+    import jax.numpy as jnp
+    from torch_pjrt import kernels
+
+    @kernels.kernel("pjrt_tests::sorted_outer_head")
+    def sorted_outer_head(x: torch.Tensor) -> torch.Tensor:
+        return jnp.sort(jnp.outer(x, x).ravel())[:3]
+
+    return sorted_outer_head
+
+
+@pytest.mark.parametrize("mode", ["fused", "op"])
+def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode):
+    """XLA's RESOURCE_EXHAUSTED reaches the user as torch.OutOfMemoryError (CUDA's type), at the
+    host read, synchronize or item, with XLA's message; the process keeps working."""
+    import torch_pjrt
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        x = torch.ones(1 << 19, device="pjrt")
+        for read in (lambda r: r.cpu(), lambda r: r[0].item(), lambda r: (r + 1).sum().item(),
+                     lambda r: torch.pjrt.synchronize()):
+            with pytest.raises(torch.OutOfMemoryError, match=r"pjrt: out of memory on cpu: XLA could not allocate .*"
+                                                             r"Out of memory allocating") as caught:
+                read(needs_a_terabyte(x))
+            assert type(caught.value.__cause__).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+        assert (torch.ones(2, device="pjrt") + 1).sum().item() == 4.0
+    finally:
+        torch_pjrt.set_eager_mode(before)
+
+
+def test_xla_out_of_memory_in_a_compiled_graph(needs_a_terabyte):
+    f = torch.compile(lambda x: needs_a_terabyte(x * 2).sum(), backend="pjrt")
+    with pytest.raises(torch.OutOfMemoryError, match="RESOURCE_EXHAUSTED"):
+        f(torch.ones(1 << 19, device="pjrt")).cpu()
+    assert f(torch.ones(4, device="pjrt")).item() == (lambda x: torch.sort(torch.outer(x * 2, x * 2).flatten())[0][:3].sum())(torch.ones(4)).item()

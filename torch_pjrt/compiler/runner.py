@@ -143,6 +143,7 @@ class GraphRunner:
         return next(iter(python.values())) if len(python) == 1 else python[signature(inputs)]
 
     # ---------------------------------------------------------------- the call
+    @platform.raises_torch_errors
     def __call__(self, args: list):
         tensors = list(args)
         args.clear()  # boxed convention: free inputs as early as the graph allows

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from ..runtime import fused, storage
+from ..runtime import fused, platform, storage
 from ..dtypes import to_torch
 from ..ops.registry import Split
 from ..ops.signature import SCALAR, SCALAR_LIST, TENSOR, TENSOR_LIST, Signature
@@ -231,6 +231,9 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
     None when the call should run again (a meta check CPU disagrees with, now turned off)."""
     if isinstance(error, _DEVICE_ERRORS) or fused.interruption(error):  # (a signal handler's timeout: no op's error)
         return error
+    device_error = platform.torch_error(error)
+    if device_error is not error:  # XLA's out of memory: torch.OutOfMemoryError
+        return device_error
     expected = cpu_error(op, args, kwargs)
     if expected is not None:
         return expected

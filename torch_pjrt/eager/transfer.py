@@ -149,6 +149,7 @@ def _read_before(buffer) -> bool:
     return False
 
 
+@platform.raises_torch_errors
 def local_scalar_dense(self: torch.Tensor):
     buffer = _load_runtime().buffer(self)
     if type(buffer) in (storage._ARRAY, fused.Pending) and buffer.dtype == to_jax(self.dtype) and \

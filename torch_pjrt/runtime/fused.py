@@ -688,11 +688,14 @@ def _storable(region: Region) -> bool:
 
 def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
     """A region's executable raised `error`: run its calls one by one, so the failing call raises
-    naming its op; where inputs were donated they are gone, so `error` is raised as it is, and so
-    is an interruption (a signal handler's exception is no failure of the calls)."""
+    naming its op; where inputs were donated they are gone, so `error` is raised as it is (as torch's
+    where it is the device's failure: platform.torch_error), and so is an interruption (a signal handler's exception is no failure of the calls)."""
     if interruption(error):  # (the C++ runner's: fused._run passes interruptions to _flush_locked)
         _after_interruption(region, error)
         raise error
+    device_error = platform.torch_error(error)
+    if device_error is not error:  # out of memory: run call by call, each would run out again
+        raise device_error from error
     if donate:
         raise error
     _run_call_by_call(region, live)

@@ -138,6 +138,7 @@ def raise_pending() -> None:
     raise_if_found(seen, queued)
 
 
+@platform.raises_torch_errors
 def raise_if_found(seen: list, queued: list) -> None:
     """Raise for the first of `queued` (checks taken off the queue) that found an out-of-range
     index, if any device's `seen` flag says one did. (The C++ scalar read reads the flags itself and

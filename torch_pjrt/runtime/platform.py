@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import jax
+import numpy as np
+import torch
 
 jax.config.update("jax_enable_x64", True)
 if "xla_allow_excess_precision" not in os.environ.get("XLA_FLAGS", ""):  # read when XLA first compiles
@@ -67,6 +70,46 @@ def _jax_memory_stats(index: int) -> dict | None:
         return device(index).memory_stats()
     except Exception:  # not every PJRT plugin reports memory
         return None
+
+
+# XLA's own (RESOURCE_EXHAUSTED), and as a later executable reports an input that failed so (INTERNAL: ...)
+_XLA_OUT_OF_MEMORY = re.compile(r"^RESOURCE_EXHAUSTED|Out of memory (allocating|while trying)")
+
+
+def torch_error(error: BaseException) -> BaseException:
+    """What torch raises for `error`, a failure of XLA's: its RESOURCE_EXHAUSTED (an executable's
+    buffers or temporaries do not fit; the allocator's own check sees only tensors) is
+    torch.OutOfMemoryError, CUDA's type, with XLA's message and `error` as its cause; else `error`.
+    On an asynchronous platform (XLA:CPU) it comes at the host read of the result, not the call."""
+    if type(error).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or not _XLA_OUT_OF_MEMORY.search(str(error)):
+        return error
+    oom = torch.OutOfMemoryError(
+        f"pjrt: out of memory on {name()}: XLA could not allocate what an executable needs ({error}). "
+        "Free tensors (del, torch.pjrt.empty_cache()) or use smaller batches or shapes.")
+    oom.__cause__ = error
+    return oom
+
+
+def raises_torch_errors(fn):
+    """`fn`, raising torch's exception where XLA's names the device's failure (`torch_error`):
+    for the places where results are run or read (host reads, synchronize, compiled calls)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (the failure path only)
+            # no local holds the exception: a frame <-> traceback cycle would keep the frames alive
+            # (index_checks' raise in torch's printing, under a guard that disables functorch)
+            if torch_error(e) is e:
+                raise
+            raise torch_error(e) from e
+    return wrapper
+
+
+@raises_torch_errors
+def host_value(array) -> np.ndarray:
+    """`array`'s value on the host, C-contiguous (a host sync)."""
+    return np.ascontiguousarray(array)
 
 
 # Platforms whose XLA backend lacks a dtype (TPUs have no 64-bit floats).

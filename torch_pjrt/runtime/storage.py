@@ -224,6 +224,7 @@ def _dense_permutation(meta, result):
     return None if perm == tuple(range(len(shape))) else perm
 
 
+@platform.raises_torch_errors
 def synchronize(index: int = -1) -> None:
     """Block until the device (-1: every device) has finished all queued work: the recorded calls
     run, then the latest results are waited for (PJRT runs a device's work in the order it was
@@ -712,6 +713,7 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.tensor(a)
 
 
+@platform.raises_torch_errors
 def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Array:
     """Copy a host tensor to pjrt:device; the host tensor stays the user's to change."""
     target = platform.device(device)
@@ -723,6 +725,7 @@ def upload(cpu: torch.Tensor, device: int, non_blocking: bool = False) -> jax.Ar
     return array if non_blocking else array.block_until_ready()
 
 
+@platform.raises_torch_errors
 def download(t: torch.Tensor) -> torch.Tensor:
     """A pjrt tensor's value as a new host tensor (a host sync: queued index checks raise)."""
     padded = _rt.whole_buffer(t)

@@ -71,8 +71,10 @@ static bool is_array(PyObject* o) { return Py_TYPE(o) == reinterpret_cast<PyType
 static py::object host_bytes(const py::object& array, Py_buffer* view) {
   if (PyObject_GetBuffer(array.ptr(), view, PyBUF_C_CONTIGUOUS) == 0) return array;
   PyErr_Clear();
-  static PyObject* asarray = py::object(py::module_::import("numpy").attr("ascontiguousarray")).release().ptr();
-  PyObject* copy = PyObject_CallOneArg(asarray, array.ptr());
+  // platform.host_value: numpy's copy, with XLA's out-of-memory error raised as torch's
+  static PyObject* host_value =
+      py::object(py::module_::import("torch_pjrt.runtime.platform").attr("host_value")).release().ptr();
+  PyObject* copy = PyObject_CallOneArg(host_value, array.ptr());
   if (!copy) throw python_error();
   py::object host = py::reinterpret_steal<py::object>(copy);
   if (PyObject_GetBuffer(host.ptr(), view, PyBUF_C_CONTIGUOUS) < 0) throw python_error();
