@@ -17,7 +17,14 @@ _built: list = []  # every XLA executable JAX compiles or loads from the persist
 
 def _note_build(name: str) -> None:
     # where it was built, for the failure message: a build here is found by its stack
-    stack = "".join(traceback.format_list(traceback.extract_stack()[-14:-2]))
+    frames = traceback.extract_stack()
+    if any(f.name == "_load" and f.filename.endswith("executable_store.py") for f in frames):
+        # a read of an executable compiled before (ours, by signature): whether one is due depends on
+        # what the store held when the process started (a region read whole at its first sight leaves
+        # its calls' own executables to be read when a later region first runs op by op), not on the
+        # loop's values. A per-value signature is still counted: eager_stats' traces.
+        return
+    stack = "".join(traceback.format_list(frames[-14:-2]))
     _built.append(f"{name} on thread {threading.current_thread().name}:\n{stack}")
 
 
@@ -173,12 +180,8 @@ def test_traced_random_parameters_build_no_executable_per_value():
     import torch_pjrt
 
     x = torch.ones(1000, device="pjrt")
-    torch.ops.aten.native_dropout(x, 0.5, True)
-    x.clone().bernoulli_(0.5)
-    x.clone().uniform_(-1.0, 1.0)
-    x.clone().normal_(0.0, 1.0)
-    torch_pjrt.reset_eager_stats()
-    for p in (0.1, 0.25, 0.6, 0.9):
+
+    def step(p):
         out, mask = torch.ops.aten.native_dropout(x, p, True)
         kept = mask.cpu().float().mean().item()
         assert abs(kept - (1 - p)) < 0.1 and torch.allclose(out.cpu()[mask.cpu()], torch.tensor(1 / (1 - p)))
@@ -188,6 +191,12 @@ def test_traced_random_parameters_build_no_executable_per_value():
         assert -bound <= u.min() and u.max() < bound and u.std() > bound / 3
         n = x.clone().normal_(p, 2 * p).cpu()
         assert abs(n.mean() - p) < 0.3 and abs(n.std() - 2 * p) < 0.3
+
+    for p in (0.5, 0.3):  # warm: each region's first sight (its calls' own executables) and its compile
+        step(p)
+    torch_pjrt.reset_eager_stats()
+    for p in (0.1, 0.25, 0.6, 0.9):
+        step(p)
     assert torch_pjrt.eager_stats()["executables"] == 0, torch_pjrt.eager_stats()["by_op"]
 
 

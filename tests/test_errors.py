@@ -378,6 +378,7 @@ def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode)
                                                              r"Out of memory allocating") as caught:
                 read(needs_a_terabyte(x))
             assert type(caught.value.__cause__).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+        torch.pjrt.synchronize()  # raised once: the failed results are not waited for again
         assert (torch.ones(2, device="pjrt") + 1).sum().item() == 4.0
     finally:
         torch_pjrt.set_eager_mode(before)
@@ -387,4 +388,7 @@ def test_xla_out_of_memory_in_a_compiled_graph(needs_a_terabyte):
     f = torch.compile(lambda x: needs_a_terabyte(x * 2).sum(), backend="pjrt")
     with pytest.raises(torch.OutOfMemoryError, match="RESOURCE_EXHAUSTED"):
         f(torch.ones(1 << 19, device="pjrt")).cpu()
+    with pytest.raises(torch.OutOfMemoryError):  # a failed result is raised once more, at the next synchronize
+        torch.pjrt.synchronize()
+    torch.pjrt.synchronize()
     assert f(torch.ones(4, device="pjrt")).item() == (lambda x: torch.sort(torch.outer(x * 2, x * 2).flatten())[0][:3].sum())(torch.ones(4)).item()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 
+import jax
 import pytest
 import torch
 import torch.nn as nn
@@ -405,26 +406,49 @@ def test_cached_regions_run_from_cpp(mode, monkeypatch):
     assert [r["executable"] for r in stats["recent_regions"]][-5:] == ["cached"] * 5
 
 
-@pytest.mark.parametrize("donated", [False, True])
+@pytest.mark.parametrize("donated", ["none", "intact", "consumed"])
 def test_a_cached_executable_that_fails(mode, monkeypatch, donated):
-    """A cached region's executable that raises: without donated inputs its calls run again one by
-    one (the results stand); with donated inputs (gone) its error is raised."""
+    """A cached region's executable that raises: while its inputs are intact (none donated, or the
+    run failed before consuming them) its calls run again one by one (the results stand); once the
+    run consumed donated inputs (gone) its error is raised."""
     mode("fused")
     x = torch.ones(8, device="pjrt")
     for _ in range(3):  # compiled at the second sight, cached at the third
-        y = (x * 2 + 1) if not donated else x.mul_(2).add_(1)
+        y = (x * 2 + 1) if donated == "none" else x.mul_(2).add_(1)
         y.sum().item()
+    expected = (x.cpu() * 2 + 1).sum().item()
 
     def failing(*inputs):
+        if donated == "consumed":
+            for a in inputs:
+                if isinstance(a, jax.Array) and a.shape == (8,):  # x's buffer, donated to the in-place ops
+                    a.delete()
         raise RuntimeError("the executable failed")
 
     for key in list(fused._executables):
         monkeypatch.setitem(fused._executables, key, failing)
-    if donated:
+    if donated == "consumed":
         with pytest.raises(RuntimeError, match="the executable failed"):
             x.mul_(2).add_(1).sum().item()
+    elif donated == "intact":
+        assert x.mul_(2).add_(1).sum().item() == expected
     else:
-        assert (x * 2 + 1).sum().item() == 24.0
+        assert (x * 2 + 1).sum().item() == expected
+
+
+def test_a_steady_region_of_one_call_runs_from_cpp(mode):
+    """A region of one call (an argmax and its read, a decode loop's tail) shares its call's own
+    executable, compiles nothing, and once seen runs from the C++ runner, as cached regions do."""
+    mode("fused")
+    a = torch.randn(2, 8, 16, device="pjrt")
+    expected = a.cpu()[:, -1].argmax(-1).tolist()
+    values = [a[:, -1].argmax(-1).tolist() for _ in range(2)]
+    torch_pjrt.reset_eager_stats()
+    values += [a[:, -1].argmax(-1).tolist() for _ in range(3)]
+    stats = _fused_stats()
+    assert values == [expected] * 5
+    assert stats["regions"] == 3 and stats["regions_run_in_python"] == 0 and stats["region_compiles"] == 0, stats
+    assert [r["executable"] for r in stats["recent_regions"]] == ["one op"] * 3
 
 
 def test_shapes_that_change_every_region_never_compile(mode):

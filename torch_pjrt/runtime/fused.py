@@ -57,7 +57,7 @@ import torch
 
 from . import platform
 from .build import load as _load_runtime
-from . import default_dtype, executable_store
+from . import default_dtype, executable_budget, executable_store
 from .safe_point import safe_point
 
 log = logging.getLogger("torch_pjrt.fused")
@@ -288,6 +288,12 @@ _call_ids = itertools.count()
 # XLA executable (megabytes for a training step), and a process meets many regions once or twice.
 _executables: collections.OrderedDict = collections.OrderedDict()
 MAX_EXECUTABLES = 32
+# region key -> how a region of one call runs (_one_op_run: its call's own executable, no compile), so that
+# the C++ runner runs it as it runs a cached region. Apart from _executables: these hold no executable
+# of their own, and a loop's one-op regions must not push its compiled regions out.
+_one_op_runs: collections.OrderedDict = collections.OrderedDict()
+MAX_ONE_OP_RUNS = 256
+executable_budget.on_release(_one_op_runs.clear)  # they may hold the store's executables, which a release drops
 # The long-lived tables below keep hashes and names, not regions' keys or Recordables: a key can
 # be a long tuple, and a Recordable holds its compiled executables (lru-cached ones must be freed).
 _seen: set = set()      # hashes of region keys run once (op by op): seen again, they compile
@@ -570,7 +576,7 @@ def flush_all(reason: str = "synchronize") -> None:
 def _forget_traces() -> None:
     """Calls' output shapes and regions' executables, traced under another default dtype."""
     with _lock:
-        for table in (_shapes, _executables, _seen, _variants, _call_by_call, _compiled_last):
+        for table in (_shapes, _executables, _one_op_runs, _seen, _variants, _call_by_call, _compiled_last):
             table.clear()
 
 
@@ -634,6 +640,7 @@ def _fail(region: Region, error: BaseException) -> None:
 def _run(region: Region, reason: str) -> None:
     _ended_by[reason] += 1
     _stats["regions"] += 1
+    _stats["python_runs"] += 1
     _stats["ops"] += len(region.calls)
     inputs = region.inputs
     # the outputs someone holds (the rest are never materialized), the inputs XLA may write in place
@@ -661,6 +668,8 @@ def _run(region: Region, reason: str) -> None:
     _note(region, reason, how, live)
     if run is None:
         _run_call_by_call(region, live)
+        if how == "one op" and region.device in (None, 0):  # the C++ runner runs it from now on (pjrt:0's regions)
+            _keep(_one_op_runs, MAX_ONE_OP_RUNS, key, _one_op_run(region, live))
         return
     try:
         with _on(region.device):
@@ -676,9 +685,34 @@ def _run(region: Region, reason: str) -> None:
         _materialize(region, live, results)
         raise
     if how in ("compiled", "stored"):  # cached once it ran: the C++ runner (run_cached_region) finds built ones only
-        while len(_executables) >= MAX_EXECUTABLES:
-            _executables.popitem(last=False)
-        _executables[key] = run
+        _keep(_executables, MAX_EXECUTABLES, key, run)
+
+
+def _keep(table: collections.OrderedDict, limit: int, key: tuple, run) -> None:
+    while len(table) >= limit:
+        table.popitem(last=False)
+    table[key] = run
+
+
+def _one_op_run(region: Region, live: tuple):
+    """How a region of one call runs, as a function of the region's inputs: the call's own executable
+    (op-by-op mode's, from the executable store where the region may use it: found now, after its
+    first run), which a region of one call shares rather than compiling one of its own."""
+    rec, statics, treedef, refs, _ = region.calls[0]
+    operands = [-1 - r for r in refs]  # (a region of one call: every operand is a region input)
+    stored = _storable(region) and rec.key is not None
+    compiled = executable_store.run_of(_memo_key(rec, statics, treedef, [region.inputs[i] for i in operands])) \
+        if stored else None
+    if compiled is not None:
+        def run(*inputs):
+            values = jax.tree_util.tree_leaves(compiled(*jax.tree_util.tree_unflatten(treedef, [inputs[i] for i in operands])))
+            return [values[i] for i in live]
+    else:
+        def run(*inputs):
+            env = []
+            _apply(rec, statics, treedef, [inputs[i] for i in operands], env, stored)
+            return [env[i] for i in live]
+    return run
 
 
 def _storable(region: Region) -> bool:
@@ -688,15 +722,17 @@ def _storable(region: Region) -> bool:
 
 def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
     """A region's executable raised `error`: run its calls one by one, so the failing call raises
-    naming its op; where inputs were donated they are gone, so `error` is raised as it is (as torch's
-    where it is the device's failure: platform.torch_error), and so is an interruption (a signal handler's exception is no failure of the calls)."""
+    naming its op. Raised as it is: an interruption (a signal handler's exception is no failure of
+    the calls), the device's failure (as torch's: platform.torch_error), and any error once the
+    run consumed donated inputs (they are gone; a one-op region's call donates none)."""
     if interruption(error):  # (the C++ runner's: fused._run passes interruptions to _flush_locked)
         _after_interruption(region, error)
         raise error
     device_error = platform.torch_error(error)
     if device_error is not error:  # out of memory: run call by call, each would run out again
         raise device_error from error
-    if donate:
+    inputs = region.inputs
+    if any(type(inputs[i]) is _ARRAY and inputs[i].is_deleted() for i in donate):
         raise error
     _run_call_by_call(region, live)
 
@@ -756,12 +792,9 @@ def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
     where it may come from there."""
     dynamic = jax.tree_util.tree_unflatten(treedef, leaves)
     if stored and rec.key is not None:
-        try:
-            avals = tuple(leaf.aval for leaf in leaves)
-        except AttributeError:  # a host value (a numpy seed): JAX's own path
-            avals = None
-        memo_key = (rec, _typed(statics) if statics else (), treedef, avals)
+        memo_key = _memo_key(rec, statics, treedef, leaves)
         run = executable_store.run_of(memo_key)
+        avals = memo_key[3]
         if run is None and avals is not None and executable_store.usable(leaves):
             run = executable_store.executable(memo_key, rec, memo_key[1], treedef, avals,
                                               _merge(rec, statics, dynamic))
@@ -769,6 +802,15 @@ def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
             env.extend(jax.tree_util.tree_leaves(run(*dynamic)))
             return
     env.extend(jax.tree_util.tree_leaves(rec.fn(*_merge(rec, statics, dynamic))))
+
+
+def _memo_key(rec, statics, treedef, leaves) -> tuple:
+    """A call's key in the executable store's memo (avals None: a host operand, JAX's own path)."""
+    try:
+        avals = tuple(leaf.aval for leaf in leaves)
+    except AttributeError:  # a host value (a numpy seed)
+        avals = None
+    return rec, _typed(statics) if statics else (), treedef, avals
 
 
 def _merge(rec, statics, dynamic) -> list:
@@ -849,6 +891,8 @@ def stats() -> dict:
             "regions_first_sight": _stats["first_sight"],
             "regions_op_by_op": _stats["regions_op_by_op"],
             "region_store_hits": _stats["store_hits"],  # compiled by an earlier process (executable_store.py)
+            # run by this Python (first sight, compile, op by op, another device's); the rest by the C++ runner
+            "regions_run_in_python": _stats["python_runs"],
             "ended_by": dict(_ended_by),
             "recent_regions": list(_recent_regions),
             "pending_ops": sum(len(region.calls) for region in _open),

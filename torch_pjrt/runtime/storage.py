@@ -238,13 +238,20 @@ def synchronize(index: int = -1) -> None:
     copies, outputs = list(_recent), list(fused._recent_outputs)
     latest = copies + [a for a in (ref() for ref in outputs) if a is not None]
     pending = [a for a in latest if not a.is_deleted() and (target is None or target in a.devices())]
-    jax.block_until_ready(pending)
 
     def elsewhere(a) -> bool:  # a result of another device: it stays for that device's synchronize
         return target is not None and a is not None and not a.is_deleted() and target not in a.devices()
 
-    _forget_oldest(_recent, copies, elsewhere)
-    _forget_oldest(fused._recent_outputs, outputs, lambda ref: elsewhere(ref()))
+    def forget() -> None:
+        _forget_oldest(_recent, copies, elsewhere)
+        _forget_oldest(fused._recent_outputs, outputs, lambda ref: elsewhere(ref()))
+
+    try:
+        jax.block_until_ready(pending)
+    except Exception:  # a result's error (XLA's out of memory) is raised once, not at every later synchronize
+        forget()
+        raise
+    forget()
 
 
 def _forget_oldest(recent: collections.deque, oldest: list, keep) -> None:

@@ -322,9 +322,10 @@ void digest_call(PyObject* digest, int64_t call_id, PyObject* refs) {
 
 namespace {
 struct RunHelpers {  // fused's bookkeeping of runs, looked up once
-  PyObject *executables, *stats, *ended_by, *recent, *open, *failed_run, *recent_outputs;
+  PyObject *executables, *one_op_runs, *stats, *ended_by, *recent, *open, *failed_run, *recent_outputs;
   PyObject *move_to_end, *append, *discard;
-  PyObject *regions, *ops, *cache_hits, *k_ops, *k_ended_by, *k_executable, *k_outputs, *k_materialized, *cached;
+  PyObject *regions, *ops, *cache_hits, *k_ops, *k_ended_by, *k_executable, *k_outputs, *k_materialized, *cached,
+      *one_op;
 };
 RunHelpers* g_run = nullptr;
 
@@ -367,12 +368,13 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   if (!g_run) {
     auto name = [](const char* s) { return PyUnicode_InternFromString(s); };
     auto of_fused = [](const char* s) { return attr(g_rec.fused, py::str(s).ptr()).release().ptr(); };
-    g_run = new RunHelpers{of_fused("_executables"), of_fused("_stats"), of_fused("_ended_by"),
+    g_run = new RunHelpers{of_fused("_executables"), of_fused("_one_op_runs"), of_fused("_stats"), of_fused("_ended_by"),
                            of_fused("_recent_regions"), g_rec.open_regions, of_fused("_after_failed_run"),
                            of_fused("_recent_outputs"),
                            name("move_to_end"), name("append"), name("discard"),
                            name("regions"), name("ops"), name("cache_hits"), name("ops"), name("ended_by"),
-                           name("executable"), name("outputs"), name("materialized"), name("cached")};
+                           name("executable"), name("outputs"), name("materialized"), name("cached"),
+                           name("one op")};
   }
   PyObject* outputs = g_region.outputs.get(region);
   PyObject* inputs = g_region.inputs.get(region);
@@ -384,11 +386,18 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   py::object key = py::make_tuple(py::handle(device),
                                   py::reinterpret_steal<py::object>(PyBytes_FromObject(digest)),
                                   py::handle(live), py::handle(donate));
-  PyObject* run = PyDict_GetItemWithError(g_run->executables, key.ptr());  // borrowed
+  // a compiled region's executable, else a one-op region's call (fused._one_op_run: no executable of its own)
+  PyObject* table = g_run->executables;
+  PyObject* run = PyDict_GetItemWithError(table, key.ptr());  // borrowed
+  if (!run && !PyErr_Occurred()) {
+    table = g_run->one_op_runs;
+    run = PyDict_GetItemWithError(table, key.ptr());
+  }
   if (!run) {
     if (PyErr_Occurred()) throw python_error();
     return false;  // first sight, a compile, a region run call by call: fused._run
   }
+  const bool one_op = table == g_run->one_op_runs;
   py::object executable = py::reinterpret_borrow<py::object>(run);
   g_region.ran.set(region, Py_True);
   call_method(g_run->open, g_run->discard, region);
@@ -396,12 +405,12 @@ bool run_cached_region(PyObject* region, PyObject* reason) {
   count(g_run->ended_by, reason, 1);
   count(g_run->stats, g_run->regions, 1);
   count(g_run->stats, g_run->ops, n_calls);
-  count(g_run->stats, g_run->cache_hits, 1);
-  call_method(g_run->executables, g_run->move_to_end, key.ptr());
+  if (!one_op) count(g_run->stats, g_run->cache_hits, 1);
+  call_method(table, g_run->move_to_end, key.ptr());
   py::dict note;
   note[py::handle(g_run->k_ops)] = py::int_(n_calls);
   note[py::handle(g_run->k_ended_by)] = py::handle(reason);
-  note[py::handle(g_run->k_executable)] = py::handle(g_run->cached);
+  note[py::handle(g_run->k_executable)] = py::handle(one_op ? g_run->one_op : g_run->cached);
   note[py::handle(g_run->k_outputs)] = py::int_(PyList_GET_SIZE(outputs));
   note[py::handle(g_run->k_materialized)] = py::int_(PyTuple_GET_SIZE(live));
   call_method(g_run->recent, g_run->append, note.ptr());
