@@ -97,6 +97,26 @@ def test_copy_of_the_same_view_is_allowed():
     _same_as_cpu(lambda d: (lambda x: x.copy_(x))(torch.arange(5.0, device=d)))
 
 
+# dst.copy_(src) where src does not broadcast to dst: JAX's ValueError reached the user (test_torch's
+# test_broadcast_fn_copy); CPU raises its TensorIterator's errors, from pjrt or from the host alike
+COPY_SHAPE_ERRORS = {"(2,1,2,1) <- (3,2)": ((2, 1, 2, 1), (3, 2)), "(3,) <- (2,)": ((3,), (2,)),
+                     "(0,) <- (2,)": ((0,), (2,)), "(2,) <- (1,2)": ((2,), (1, 2)),
+                     "(2,) <- (3,2)": ((2,), (3, 2)), "() <- (1,)": ((), (1,))}
+
+
+@pytest.mark.parametrize("src_on_host", [False, True])
+@pytest.mark.parametrize("name", COPY_SHAPE_ERRORS)
+def test_copy_of_a_source_that_does_not_broadcast_raises(name, src_on_host):
+    dst, src = COPY_SHAPE_ERRORS[name]
+    assert_raises_like_cpu(
+        lambda d: torch.zeros(dst, device=d).copy_(torch.ones(src, device="cpu" if src_on_host else d)), name)
+
+
+@pytest.mark.parametrize("src", [(3,), (1, 3), (2, 1), (), (1,)])
+def test_copy_of_a_source_that_broadcasts(src):
+    _same_as_cpu(lambda d: torch.zeros(2, 3, device=d).copy_(torch.arange(float(torch.Size(src).numel()), device=d).reshape(src)))
+
+
 # --------------------------------------------------------------------------- complex random draws
 # CPU draws a complex tensor over view_as_real(self): both parts, independently (normal_ gives
 # each part half the variance and adds the mean to both). Values cannot match across RNGs; the

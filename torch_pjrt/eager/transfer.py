@@ -32,8 +32,17 @@ def _may_share(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
 
 
+def _check_broadcast(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """CPU's errors (its TensorIterator's, dst the output) for a src that does not broadcast to dst."""
+    shape = torch._C._infer_size(dst.shape, src.shape)  # "The size of tensor a (2) must match ..."
+    if shape != dst.shape:
+        raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(shape)}")
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """dst.copy_(src) where either side is on pjrt (host<->pjrt, pjrt:i<->pjrt:j)."""
+    if src.shape != dst.shape:
+        _check_broadcast(dst, src)
     if _is_pjrt(dst) and _may_share(dst, src) and errors.may_overlap(aten.copy_.default, dst, (src,), {}):
         # torch's copy_ hands other devices to _copy_from before its TensorIterator's overlap
         # checks: an expanded dst or one sharing part of src raises here, as on CPU
