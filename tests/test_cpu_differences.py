@@ -1037,3 +1037,22 @@ def test_matmuls_refuse_operands_of_two_dtypes_as_cpu(call):
     # pjrt multiplied an int16 by a float32 matrix and returned int16 (silent; test_linalg's
     # test_mm_empty_inputs_mixed_dtype_errors): CPU refuses, with each op's own words
     assert_raises_like_cpu(lambda d: call(d, torch.ones(2, 3, dtype=torch.int16, device=d), torch.ones(3, 4, device=d)))
+
+
+# --------------------------------------------------------------------------- cdist / pdist backward, p < 1
+# A zero coordinate difference gave |0| ** (p - 1) = inf and a NaN gradient (test_torch's
+# test_cdist_grad_p_lt_1_no_nan); CPU's kernel gives that coordinate 0.
+def _distance_grads(d, p, pairwise):
+    x = torch.tensor([[0.5, -1.0, 2.0], [1.5, -1.0, 2.0], [0.5, 3.0, 2.0]], device=d, requires_grad=True)
+    y = torch.tensor([[1.5, -1.0, 0.0], [0.5, -1.0, 2.5]], device=d, requires_grad=True)
+    out = torch.pdist(x, p=p) if pairwise else torch.cdist(x, y, p=p)
+    out.backward(torch.arange(1.0, out.numel() + 1, device=d).reshape(out.shape))
+    return torch.cat([x.grad.flatten()] + ([] if pairwise else [y.grad.flatten()]))
+
+
+@pytest.mark.parametrize("pairwise", [False, True])
+@pytest.mark.parametrize("p", [0.01, 0.5, 0.99, 1.5, 3.0])
+def test_distance_backward_of_a_zero_difference(p, pairwise):
+    expected, actual = _distance_grads("cpu", p, pairwise), _distance_grads("pjrt", p, pairwise)
+    assert not actual.isnan().any()
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-6)

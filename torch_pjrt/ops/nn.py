@@ -1707,8 +1707,9 @@ def _cdist_grad(grad, x1, x2, p, dist):
         term = jnp.where(d == 0, 0, diff / jnp.where(d == 0, 1, d))
     elif math.isinf(p):
         term = jnp.sign(diff) * (jnp.abs(diff) == d)
-    else:
-        term = jnp.where(d == 0, 0, jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / jnp.where(d == 0, 1, d) ** (p - 1))
+    else:  # a zero difference contributes 0, as CPU's kernel says (for p < 1, |0| ** (p - 1) is inf)
+        a = jnp.where(diff == 0, 1, jnp.abs(diff))
+        term = jnp.where((d == 0) | (diff == 0), 0, jnp.sign(diff) * a ** (p - 1) / jnp.where(d == 0, 1, d) ** (p - 1))
     return jnp.sum(g * term, axis=-2)
 
 
