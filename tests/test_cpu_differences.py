@@ -1056,3 +1056,25 @@ def test_distance_backward_of_a_zero_difference(p, pairwise):
     expected, actual = _distance_grads("cpu", p, pairwise), _distance_grads("pjrt", p, pairwise)
     assert not actual.isnan().any()
     torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- index_fill with a complex value
+# A complex value into a real tensor: pjrt wrote its real part; CPU's kernel refuses (test_torch's
+# test_index_fill). A complex value into a complex tensor, and a real one, still fill.
+INDEX_FILL_COMPLEX = {
+    "in place, Python complex": lambda d: torch.ones(2, 2, device=d).index_fill_(1, torch.tensor([0], device=d), 1 + 1j),
+    "functional, 1 + 0j": lambda d: torch.ones(2, 2, device=d).index_fill(1, torch.tensor([0], device=d), 1 + 0j),
+    "0-d complex tensor": lambda d: torch.ones(2, 2, dtype=torch.int32, device=d).index_fill(
+        0, torch.tensor([1], device=d), torch.tensor(2 + 1j, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", INDEX_FILL_COMPLEX)
+def test_index_fill_of_a_real_tensor_with_a_complex_value_raises(name):
+    assert_raises_like_cpu(INDEX_FILL_COMPLEX[name], name)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32, torch.int64])
+def test_index_fill_still_fills(dtype):
+    value = 1 + 2j if dtype.is_complex else 3
+    _same_as_cpu(lambda d: torch.ones(2, 3, dtype=dtype, device=d).index_fill(1, torch.tensor([2, 0], device=d), value))

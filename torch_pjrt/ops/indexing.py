@@ -491,6 +491,8 @@ def index_copy(self, dim, index, source):
 
 
 def _index_fill(self, dim, index, value):
+    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(self):  # (a dtype: known while tracing)
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
     dim, idx = _dim_index(self, dim, index)
     x = _as_1d(self)
     n = x.shape[dim]
