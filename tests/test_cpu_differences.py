@@ -1078,3 +1078,25 @@ def test_index_fill_of_a_real_tensor_with_a_complex_value_raises(name):
 def test_index_fill_still_fills(dtype):
     value = 1 + 2j if dtype.is_complex else 3
     _same_as_cpu(lambda d: torch.ones(2, 3, dtype=dtype, device=d).index_fill(1, torch.tensor([2, 0], device=d), value))
+
+
+# --------------------------------------------------------------------------- is_set_to
+# is_set_to ran on the CPU fallback, which compared host copies: always False (test_torch's
+# test_is_set_to). It compares storages, offsets, sizes and strides, as CPU's.
+def _is_set_to_answers(d):
+    t1, t2 = torch.empty(3, 4, 9, 10, device=d), torch.empty(3, 4, 9, 10, device=d)
+    t3 = torch.tensor([], device=d).set_(t1)
+    t4 = t3.clone().resize_(12, 90)
+    a = torch.tensor([True, True], device=d)
+    b = torch.tensor([0], dtype=torch.bool, device=d).set_(a)
+    e = torch.empty([2, 3, 4], device=d)
+    empty = torch.tensor([], device=d)
+    return [t1.is_set_to(t2), t1.is_set_to(t3), t3.is_set_to(t1), t1.is_set_to(t4), a.is_set_to(b),
+            e.is_set_to(e.view(4, 3, 2)), empty.is_set_to(torch.tensor([], device=d)), empty.is_set_to(empty),
+            t1[1].is_set_to(t1[1]), t1[1].is_set_to(t1[2]), t1.is_set_to(t1.transpose(0, 1))]
+
+
+def test_is_set_to_compares_storages():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no CPU fallback
+        assert _is_set_to_answers("pjrt") == _is_set_to_answers("cpu")

@@ -63,7 +63,16 @@ def as_strided_scatter(self: torch.Tensor, src: torch.Tensor, size, stride, stor
     return output
 
 
+def is_set_to(self: torch.Tensor, tensor: torch.Tensor) -> bool:
+    """CPU's: the same storage (not an equal one: the CPU fallback compared copies, always False),
+    offset, sizes and strides."""
+    return (self.untyped_storage()._cdata == tensor.untyped_storage()._cdata
+            and self.storage_offset() == tensor.storage_offset()
+            and self.shape == tensor.shape and self.stride() == tensor.stride())
+
+
 def kernels() -> dict:
     return {aten.view_as_real.default: view_as_real, aten.view_as_complex.default: view_as_complex,
+            aten.is_set_to.default: is_set_to,
             aten.as_strided_copy.default: as_strided_copy,
             aten.as_strided_scatter.default: as_strided_scatter}
