@@ -1100,3 +1100,26 @@ def test_is_set_to_compares_storages():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no CPU fallback
         assert _is_set_to_answers("pjrt") == _is_set_to_answers("cpu")
+
+
+# --------------------------------------------------------------------------- out= resized: the op's layout
+# An out= that the op resizes (an empty one) took row-major strides; CPU gives it the op's own layout
+# (TensorIterator's, from the inputs' permutation: test_torch's test_strides_propagation), as the
+# functional call's result has.
+@pytest.mark.parametrize("op", [torch.add, torch.eq, torch.exp])
+@pytest.mark.parametrize("perm", [(0, 2, 1), (1, 0, 2), (2, 1, 0), (1, 2, 0)])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_a_resized_out_takes_the_ops_layout(op, perm, sliced):
+    base = torch.arange(48.0).reshape(2, 3, 8) / 7
+
+    def call(d):
+        x = (base.to(d)[:, :, ::2] if sliced else base.to(d)[:, :, :4]).permute(perm)
+        args = (x,) if op is torch.exp else (x, torch.linspace(-1, 1, x.shape[-1], device=d))
+        out = torch.empty(0, device=d, dtype=torch.bool if op is torch.eq else torch.float32)
+        result = op(*args, out=out)
+        assert result is out
+        return out
+
+    expected, actual = call("cpu"), call("pjrt")
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected)

@@ -424,13 +424,23 @@ def _check_castable(op, result_dtype, out: torch.Tensor):
             f"result type {c10_name(result_dtype)} can't be cast to the desired output type {c10_name(out.dtype)}")
 
 
+def _dense_strides(shape: tuple, perm: tuple) -> tuple:
+    """The strides of a dense layout of `shape` whose dims, outermost first, are `perm`."""
+    strides, step = [0] * len(shape), 1
+    for d in reversed(perm):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return tuple(strides)
+
+
 def _store(op, target: torch.Tensor, value: jax.Array, resize: bool, warn_on_resize: bool = True) -> None:
     """Write a kernel result into an existing tensor (self of op_, or an out= tensor). warn_on_resize:
     False for an op that resizes its out= itself on CPU, with its own warning or none."""
     if _rt.store_whole(target, value):  # the common case (a foreach step's every tensor): in C++
         return
+    perm = None
     if isinstance(value, storage.Permuted):  # the target keeps its own layout
-        value = value.logical()
+        value, perm = value.logical(), value.perm
     _check_castable(op, to_torch(value.dtype), target)
     if not resize and target.is_complex() and not jnp.issubdtype(value.dtype, jnp.complexfloating):
         name = _name(op).rstrip("_")
@@ -445,6 +455,8 @@ def _store(op, target: torch.Tensor, value: jax.Array, resize: bool, warn_on_res
                     f"which does not match the required output shape {list(shape)}. (in {errors.op_label(op)})"
                 )
             target.resize_(shape)
+            if perm is not None:  # as CPU's set_output_raw_strided: a resized out takes the op's strides
+                target.as_strided_(shape, _dense_strides(shape, perm))
         elif np.broadcast_shapes(shape, tuple(target.shape)) != tuple(target.shape):
             raise RuntimeError(
                 f"{errors.op_label(op)}: output with shape {list(target.shape)} doesn't match the broadcast shape {list(shape)}"
