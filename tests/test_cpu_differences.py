@@ -97,6 +97,29 @@ def test_copy_of_the_same_view_is_allowed():
     _same_as_cpu(lambda d: (lambda x: x.copy_(x))(torch.arange(5.0, device=d)))
 
 
+# An in-place op on a whole tensor reading its own storage through another argument: the C++ fast
+# path ran these unchecked (it sent only writes through views to the overlap checks); CPU refuses
+# (test_torch's test_{index_add,index_fill,...}_mem_overlap)
+SELF_READ_ERRORS = {
+    "add_ of self transposed": lambda d: (lambda x: x.view(2, 3).add_(x.view(3, 2).t()))(torch.arange(6.0, device=d)),
+    "index_add_ of a view of self": lambda d: (lambda y: y.index_add_(0, torch.tensor([0, 1, 2], device=d), y[:3]))(
+        torch.arange(6.0, device=d)),
+    "mul_ by an element of self": lambda d: (lambda x: x.mul_(x[0]))(torch.arange(6.0, device=d)),
+    "index_fill_ indexed by self": lambda d: (lambda i: i.index_fill_(0, i, 0))(torch.tensor([0, 1, 2], device=d)),
+}
+
+
+@pytest.mark.parametrize("name", SELF_READ_ERRORS)
+def test_an_in_place_op_reading_its_own_storage_raises(name):
+    assert_raises_like_cpu(SELF_READ_ERRORS[name], name)
+
+
+@pytest.mark.parametrize("call", [lambda x: x.add_(x), lambda x: x[:3].add_(x[3:]), lambda x: x.mul_(x.clone())],
+                         ids=["the same tensor", "disjoint views", "a copy"])
+def test_an_in_place_op_reading_its_own_storage_where_cpu_allows_it(call):
+    _same_as_cpu(lambda d: call(torch.arange(6.0, device=d)))
+
+
 # dst.copy_(src) where src does not broadcast to dst: JAX's ValueError reached the user (test_torch's
 # test_broadcast_fn_copy); CPU raises its TensorIterator's errors, from pjrt or from the host alike
 COPY_SHAPE_ERRORS = {"(2,1,2,1) <- (3,2)": ((2, 1, 2, 1), (3, 2)), "(3,) <- (2,)": ((3,), (2,)),

@@ -312,6 +312,9 @@ class FastKernel : public c10::OperatorKernel {
       }
       // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
+      // an in-place op reading its own storage through another argument: CPU refuses some of these
+      // (partial overlaps; the same tensor for ops other than elementwise ones); the Python kernel checks
+      if (store_ && reads_written_storage(args)) return slow(op, stack, n);
       result = call(args.data(), values, device, traits, padded);
       if (!result) return slow(op, stack, n);
     }
@@ -478,6 +481,23 @@ class FastKernel : public c10::OperatorKernel {
       default:
         return t.item();
     }
+  }
+
+  // Whether an argument after self (an in-place op's written tensor) is, or holds, a tensor over
+  // self's storage.
+  static bool reads_written_storage(c10::ArrayRef<c10::IValue> args) {
+    if (!args[0].isTensor()) return false;  // a foreach op_'s list: shares_storage checks the list itself
+    const c10::StorageImpl* written = args[0].toTensor().storage().unsafeGetStorageImpl();
+    auto over = [written](const at::Tensor& t) {
+      return t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == written;
+    };
+    for (size_t i = 1; i < args.size(); i++) {
+      if (args[i].isTensor() && over(args[i].toTensor())) return true;
+      if (args[i].isTensorList())
+        for (const at::Tensor& t : args[i].toTensorList())
+          if (over(t)) return true;
+    }
+    return false;
   }
 
   // Whether two tensors of a foreach op_'s self share a storage (one tensor twice, two views of one
