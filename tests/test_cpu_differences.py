@@ -1146,3 +1146,50 @@ def test_a_resized_out_takes_the_ops_layout(op, perm, sliced):
     expected, actual = call("cpu"), call("pjrt")
     assert actual.stride() == expected.stride()
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+# A fill value the result's dtype cannot hold: CPU's conversion refuses it ("value cannot be converted to type
+# int8_t without overflow"); pjrt wrapped or saturated it (int8 300 -> 44, float16 1e6 -> inf, float32 1+1j -> 1).
+# test_torch's test_fill_* and issue 32.
+FILL_VALUE_ERRORS = {
+    "fill_ int8 300": lambda d: torch.zeros(2, dtype=torch.int8, device=d).fill_(300),
+    "fill_ of a view": lambda d: torch.zeros(4, dtype=torch.int8, device=d)[::2].fill_(300),
+    "fill_ float32 complex": lambda d: torch.zeros(2, device=d).fill_(1 + 1j),
+    "fill_ float16 1e6": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(1e6),
+    "fill_ int32 nan": lambda d: torch.zeros(2, dtype=torch.int32, device=d).fill_(float("nan")),
+    "full int8": lambda d: torch.full((2,), 300, dtype=torch.int8, device=d),
+    "full inferred float32 1e39": lambda d: torch.full((2,), 1e39, device=d),
+    "full_like": lambda d: torch.full_like(torch.zeros(2, dtype=torch.int8, device=d), 300),
+    "new_full": lambda d: torch.zeros(2, dtype=torch.int8, device=d).new_full((2,), 300),
+    "masked_fill": lambda d: torch.zeros(2, dtype=torch.int8, device=d).masked_fill(
+        torch.tensor([True, False], device=d), 300),
+    "masked_fill_ no element selected": lambda d: torch.zeros(2, dtype=torch.int8, device=d).masked_fill_(
+        torch.tensor([False, False], device=d), 300),
+    "scalar_tensor": lambda d: torch.scalar_tensor(300, dtype=torch.int8, device=d),
+}
+
+
+@pytest.mark.parametrize("mode", ["fused", "op"])
+@pytest.mark.parametrize("name", FILL_VALUE_ERRORS)
+def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
+    import torch_pjrt
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        for _ in range(2):  # the C++ fast path serves the second call
+            assert_raises_like_cpu(FILL_VALUE_ERRORS[name], name)
+    finally:
+        torch_pjrt.set_eager_mode(before)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.full((2,), -1, dtype=torch.uint8, device=d),  # CPU lets uint8 wrap -1
+    lambda d: torch.zeros(2, dtype=torch.int64, device=d).fill_(2.5),
+    lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(float("inf")),
+    lambda d: torch.zeros(2, dtype=torch.bool, device=d).fill_(5),
+    lambda d: torch.zeros(2, device=d).masked_fill(torch.tensor([True, False], device=d), 2 + 0j),
+    lambda d: torch.full((2,), 7, device=d),
+], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred"])
+def test_a_fill_value_cpu_accepts(call):
+    _same_as_cpu(call)

@@ -133,7 +133,8 @@ class Kernel:
             key=key and f"{key} (checked)", loaded=loaded)
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.host_indices = lowering.host_indices
-        self.in_range = lowering.in_range
+        self.in_range = lowering.in_range or (_fits_as_cpu(self.op, lowering.scalar_fits) if lowering.scalar_fits
+                                              else None)
 
     def describe(self, values) -> SignatureTraits:
         """The traits of a call of the op's executable on prepared `values` (see SignatureTraits)."""
@@ -404,6 +405,28 @@ def _traced_call(call: OpCall, *values):
     stats.traced(call.op, call.sig.names, values)
     meta = errors.meta_check(call.lowering, call.sig, values, _concrete.get(call))
     return storage.laid_out(call.lower(*values), meta)
+
+
+def _fits_as_cpu(op, name: str):
+    """An `in_range` for an entry's `scalar_fits`: the Scalar `name` converted to the result's dtype
+    (the `dtype` argument, else the first tensor's, else the value's own) as CPU converts it, which
+    raises CPU's error ("value cannot be converted to type int8_t without overflow"). The C++ fast
+    path checks the same way (FastKernel::check_scalar_fits)."""
+    arguments = op._schema.arguments
+    names = [a.name for a in arguments]
+    value_at, dtype_at = names.index(name), names.index("dtype") if "dtype" in names else None
+    tensor_at = next((i for i, a in enumerate(arguments) if str(a.type) == "Tensor"), None)
+
+    def fits(values) -> bool:
+        value = values[value_at]
+        if isinstance(value, (bool, int, float, complex)):
+            dtype = values[dtype_at] if dtype_at is not None else None
+            if dtype is None and tensor_at is not None:
+                dtype = values[tensor_at].dtype
+            torch.full((0,), value, dtype=dtype)
+        return True
+
+    return fits
 
 
 # Per OpCall with `traced=` arguments: their values in its latest Python-kernel call, so that

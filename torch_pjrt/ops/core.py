@@ -9,7 +9,7 @@ from .registry import lowering, Padding, SAME
 aten = torch.ops.aten
 
 
-@lowering(aten.fill.Scalar, aten.fill.Tensor, padding=SAME)
+@lowering(aten.fill.Scalar, aten.fill.Tensor, padding=SAME, scalar_fits="value")
 def fill(self, value):
     return jnp.full(self.shape, value, self.dtype)
 

@@ -517,7 +517,7 @@ def index_fill_tensor(self, dim, index, value):
 
 
 # --------------------------------------------------------------------------- masks
-@lowering(aten.masked_fill.Scalar)
+@lowering(aten.masked_fill.Scalar, scalar_fits="value")
 def masked_fill(self, mask, value):
     shape = jnp.broadcast_shapes(self.shape, mask.shape)
     return jnp.where(mask, cast(value, self.dtype), jnp.broadcast_to(self, shape))

@@ -308,12 +308,12 @@ def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, me
     return jnp.ones(self.shape, _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.full_like.default, padding=SAME)
+@lowering(aten.full_like.default, padding=SAME, scalar_fits="fill_value")
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return filled(self.shape, fill_value, _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.full.default, padding=FACTORY)
+@lowering(aten.full.default, padding=FACTORY, scalar_fits="fill_value")
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled(size, fill_value, _dtype_or(dtype, infer_fill_dtype(fill_value)))
 
@@ -325,7 +325,7 @@ def _efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memo
     return jnp.zeros(tuple(size), _dtype_or(dtype, default_float()))
 
 
-@lowering(aten.scalar_tensor.default, padding=FACTORY)
+@lowering(aten.scalar_tensor.default, padding=FACTORY, scalar_fits="s")
 def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled((), s, _dtype_or(dtype, default_float()))
 
@@ -347,7 +347,7 @@ def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=Non
     return jnp.ones(tuple(size), _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.new_full.default, padding=FACTORY)
+@lowering(aten.new_full.default, padding=FACTORY, scalar_fits="fill_value")
 def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled(size, fill_value, _dtype_or(dtype, self.dtype))
 

@@ -43,7 +43,8 @@ namespace torch_pjrt {
 
 enum ArgKind : int {
   kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5, kTensorList = 6, kScalarList = 7,
-  kDevice = 8  // a factory's device: a static argument that also says where the call runs
+  kDevice = 8,  // a factory's device: a static argument that also says where the call runs
+  kCheckedScalar = 9  // a Scalar that must fit the result's dtype, as CPU converts it (an entry's `scalar_fits`)
 };
 
 struct EagerHelpers {
@@ -286,7 +287,12 @@ class FastKernel : public c10::OperatorKernel {
       : name_(std::move(name)), run_(run.release().ptr()), recorded_(recorded.release().ptr()),
         slow_(slow.release().ptr()), store_(store.is_none() ? nullptr : store.release().ptr()),
         kinds_(std::move(kinds)), described_(described), checked_(checked), grows_(grows), recorder_(recorded_) {
-    for (int kind : kinds_) has_operands_ |= kind == kTensor || kind == kTensorList;
+    for (size_t i = 0; i < kinds_.size(); i++) {
+      has_operands_ |= kinds_[i] == kTensor || kinds_[i] == kTensorList;
+      if (kinds_[i] == kCheckedScalar) checked_scalar_ = int(i), kinds_[i] = kScalar;
+      if (kinds_[i] == kDtype && dtype_at_ < 0) dtype_at_ = int(i);
+      if (kinds_[i] == kTensor && tensor_at_ < 0) tensor_at_ = int(i);
+    }
   }
 
   // Calls served here (their executable run, or their call recorded) and calls that entered
@@ -312,6 +318,7 @@ class FastKernel : public c10::OperatorKernel {
       }
       // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
+      if (checked_scalar_ >= 0) check_scalar_fits(args);
       // an in-place op reading its own storage through another argument: CPU refuses some of these
       // (partial overlaps; the same tensor for ops other than elementwise ones); the Python kernel checks
       if (store_ && reads_written_storage(args)) return slow(op, stack, n);
@@ -481,6 +488,21 @@ class FastKernel : public c10::OperatorKernel {
       default:
         return t.item();
     }
+  }
+
+  // The checked Scalar converted to the result's dtype (the dtype argument, else the first tensor's,
+  // else the value's own) by CPU's own `full`, which raises CPU's error for a value that does not
+  // fit ("value cannot be converted to type int8_t without overflow"); as eager/kernels._fits_as_cpu.
+  void check_scalar_fits(c10::ArrayRef<c10::IValue> args) const {
+    const c10::IValue& value = args[checked_scalar_];
+    if (!value.isScalar()) return;
+    c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
+    if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
+      options = options.dtype(args[dtype_at_].toScalarType());
+    } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
+      options = options.dtype(args[tensor_at_].toTensor().scalar_type());
+    }
+    at::full({0}, value.toScalar(), options);
   }
 
   // Whether an argument after self (an in-place op's written tensor) is, or holds, a tensor over
@@ -711,6 +733,7 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
+  int checked_scalar_ = -1, dtype_at_ = -1, tensor_at_ = -1;  // check_scalar_fits' arguments (-1: none)
   bool described_;  // see the constructor
   bool checked_;
   bool grows_;
