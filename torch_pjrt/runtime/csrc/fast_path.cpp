@@ -496,13 +496,16 @@ class FastKernel : public c10::OperatorKernel {
   void check_scalar_fits(c10::ArrayRef<c10::IValue> args) const {
     const c10::IValue& value = args[checked_scalar_];
     if (!value.isScalar()) return;
+    const c10::Scalar scalar = value.toScalar();
+    // 0..127 fits every dtype (torch.ones' fill_(1)): no CPU tensor for the common values
+    if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) return;
     c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
     if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
       options = options.dtype(args[dtype_at_].toScalarType());
     } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
       options = options.dtype(args[tensor_at_].toTensor().scalar_type());
     }
-    at::full({0}, value.toScalar(), options);
+    at::full({0}, scalar, options);
   }
 
   // Whether an argument after self (an in-place op's written tensor) is, or holds, a tensor over
