@@ -42,12 +42,19 @@ def test_a_dtype_cuda_computes_is_computed():
         torch.histc(x.double(), bins=8, min=0, max=7).int().tolist()
 
 
-def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten():
+def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten(monkeypatch):
     """The table keys the first tensor's dtype; `floor_divide(bool, int)` promotes to int, which CPU
     accepts (two bools it refuses): that call runs, and the pair leaves the table."""
+    from torch_pjrt.runtime import executable_store
+
+    # The check runs where the call is traced: not when an executable of the same signature is read
+    # from the store (kept by an earlier process or another test worker) or traced earlier in this
+    # process. No store, and shapes no other test uses.
+    monkeypatch.setitem(executable_store._state, "folder", None)
     refused = errors.refused_dtypes(torch.ops.aten.floor_divide.default)  # the set the kernel checks
     refused.add(torch.bool)  # as listed (a call earlier in this process may have dropped it)
-    a, b = torch.tensor([True, False, True]), torch.tensor([2, 3, -1])
+    a = torch.tensor([True, False, True, True, False, True, False]).reshape(7, 1, 1)
+    b = torch.tensor([2, 3, -1, 5, -7]).reshape(1, 5, 1)
     assert torch.equal(torch.floor_divide(a.to("pjrt"), b.to("pjrt")).cpu(), torch.floor_divide(a, b))
     assert torch.bool not in refused
 
