@@ -631,6 +631,39 @@ def test_empty_in_deterministic_mode_reads_as_on_cpu(dtype):
         torch.use_deterministic_algorithms(before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int32, torch.uint8, torch.bool])
+def test_memory_made_in_deterministic_mode_reads_as_on_cpu_after_it(dtype):
+    # the fill is decided when the memory is made (empty, the part resize_ adds), not when the
+    # lazy storage is first read, here after the mode is off again
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    def made_inside_read_after(d):
+        with DeterministicGuard(True):
+            fresh = torch.empty(2, 3, dtype=dtype, device=d)
+            like = torch.empty_like(fresh)
+            new = fresh.new_empty(2)
+            out = torch.empty(4, out=torch.zeros(1, dtype=dtype, device=d))
+            resized = torch.zeros(2, dtype=dtype, device=d).resize_(5)
+            unread = torch.zeros(1, dtype=dtype, device=d)
+            unread.resize_(3)
+        return torch.cat([fresh.flatten(), like.flatten(), new, out, resized, unread])
+
+    _same_as_cpu(made_inside_read_after)
+
+
+def test_empty_like_keeps_the_layout_cpu_gives():
+    _same_as_cpu(lambda d: torch.empty_like(torch.zeros(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last))
+                 .zero_(), layout=True)
+
+
+def test_memory_made_outside_deterministic_mode_is_not_filled_by_a_read_inside_it():
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    fresh = torch.empty(3, device="pjrt")
+    with DeterministicGuard(True):
+        assert not fresh.isnan().any()
+
+
 # --------------------------------------------------------------------------- unique over a dim with NaN rows
 def _rows_with_nans(seed: int, rows: int, dtype):
     generator = torch.Generator().manual_seed(seed)

@@ -298,8 +298,17 @@ def convert_element_type(a, dtype):
 # fill.Scalar / fill.Tensor / zero are core.py's lowerings.
 
 
-@lowering(aten.zeros_like.default, aten.empty_like.default, padding=SAME)
+@lowering(aten.zeros_like.default, padding=SAME)
 def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return jnp.zeros(self.shape, _dtype_or(dtype, self.dtype))
+
+
+_FRESH_MEMORY = ("torch's CompositeExplicitAutograd kernel: the runtime's metadata kernels (empty, empty_strided) "
+                 "give fresh memory in the layout CPU gives, filled as CPU fills it in deterministic mode")
+
+
+@lowering(aten.empty_like.default, padding=SAME, eager=_FRESH_MEMORY)
+def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return jnp.zeros(self.shape, _dtype_or(dtype, self.dtype))
 
 
@@ -330,8 +339,13 @@ def scalar_tensor(s, *, dtype=None, layout=None, device=None, pin_memory=None):
     return filled((), s, _dtype_or(dtype, default_float()))
 
 
-@lowering(aten.new_zeros.default, aten.new_empty.default, padding=FACTORY)
+@lowering(aten.new_zeros.default, padding=FACTORY)
 def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
+
+
+@lowering(aten.new_empty.default, padding=FACTORY, eager=_FRESH_MEMORY)
+def new_empty(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
 

@@ -450,10 +450,10 @@ def _materialized_buffer(t: torch.Tensor) -> jax.Array:
         _rt.set_buffer(t, buf, buf.shape, to_torch(buf.dtype))
     if buf is None:
         dtype = to_jax(t.dtype)
-        buf = _fresh(nbytes // dtype.itemsize, dtype, _uninitialized(dtype), t.get_device())()
+        buf = _fresh(nbytes // dtype.itemsize, dtype, _uninitialized(t, dtype), t.get_device())()
         _rt.set_buffer(t, buf, buf.shape, t.dtype)
     elif buf.size * buf.dtype.itemsize < nbytes:
-        grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype, _uninitialized(buf.dtype))(buf)
+        grown = _grow(buf.size, nbytes // buf.dtype.itemsize, buf.dtype, _uninitialized(t, buf.dtype))(buf)
         _rt.set_buffer(t, grown, grown.shape, to_torch(grown.dtype))
         buf = grown
     return buf
@@ -483,10 +483,11 @@ def _grow(old: int, new: int, dtype, fill):
 _NAN = float("nan")  # one object: a cache key holding it equals itself
 
 
-def _uninitialized(dtype):
-    """What fresh memory reads as: zeros, or (deterministic mode with
-    torch.utils.deterministic.fill_uninitialized_memory) NaN / the largest integer, as torch does."""
-    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+def _uninitialized(t: torch.Tensor, dtype):
+    """What the fresh memory of t's storage reads as: zeros, or NaN / the largest integer where it
+    was made in deterministic mode with torch.utils.deterministic.fill_uninitialized_memory (empty,
+    resize_: the C++ kernels note it then), as torch fills it."""
+    if not _rt.deterministic_fill(t):
         return 0
     dtype = np.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.inexact):  # bfloat16 and the float8s too (numpy's kind 'V')

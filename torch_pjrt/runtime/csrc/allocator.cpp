@@ -229,6 +229,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {
     fresh->shape = old->shape;
     fresh->dtype = old->dtype;
   }
+  if (old) fresh->deterministic_fill = old->deterministic_fill;
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(dp));
   storage.unsafeGetStorageImpl()->set_nbytes(new_nbytes);
 }

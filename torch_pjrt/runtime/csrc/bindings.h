@@ -35,6 +35,7 @@ at::Tensor wrap(py::object obj, std::vector<int64_t> shape, c10::ScalarType dtyp
 at::Tensor wrap_array(py::object array, c10::DeviceIndex device);  // wrap(), reading shape and dtype here
 void set_dtype_map(py::dict jax_to_torch);  // JAX dtype -> torch dtype (the one mapping lives in dtypes.py)
 int64_t storage_nbytes(const at::Tensor& t);
+bool deterministic_fill(const at::Tensor& t);  // Holder::deterministic_fill
 
 // A JAX array's shape and torch dtype, cached by its abstract value.
 struct ArrayType {

@@ -3,6 +3,7 @@
 // cannot hold raises Python's error (dtypes.raise_unsupported_dtype).
 #include "runtime.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -31,17 +32,31 @@ c10::ScalarType checked_dtype(std::optional<c10::ScalarType> dtype, std::optiona
   return type;  // not reached
 }
 
+// CPU's empty and resize_ fill fresh memory with NaN / the largest integer in deterministic mode
+// with fill_uninitialized_memory. The storage's buffer is made lazily, maybe after the mode is
+// off, so its Holder remembers the decision, taken here (one look at the flags per call).
+void note_deterministic_fill(const at::Tensor& t) {
+  auto& context = at::globalContext();
+  if (C10_UNLIKELY(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory())) {
+    if (Holder* h = holder_of(t.storage())) h->deterministic_fill = true;
+  }
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout>, std::optional<c10::Device> device,
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(c10::device_or_default(device));
-  return at::detail::empty_generic(size, device_allocator(), pjrt_keys(), checked_dtype(dtype, device), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, device_allocator(), pjrt_keys(), checked_dtype(dtype, device), memory_format);
+  note_deterministic_fill(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(c10::device_or_default(device));
-  return at::detail::empty_strided_generic(size, stride, device_allocator(), pjrt_keys(), checked_dtype(dtype, device));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, device_allocator(), pjrt_keys(), checked_dtype(dtype, device));
+  note_deterministic_fill(t);
+  return t;
 }
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -77,7 +92,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
   if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
     impl->empty_tensor_restride(*memory_format);
   }
+  size_t before = impl->storage().nbytes();
   fit_storage(self);
+  if (impl->storage().nbytes() > before) note_deterministic_fill(self);  // the part it adds
   return self;
 }
 

@@ -160,6 +160,8 @@ at::Tensor wrap_array(py::object array, c10::DeviceIndex device) {
 
 int64_t storage_nbytes(const at::Tensor& t) { return int64_t(t.storage().nbytes()); }
 
+bool deterministic_fill(const at::Tensor& t) { return checked_holder(t)->deterministic_fill; }
+
 void synchronize_device(c10::DeviceIndex idx) {
   if (!g_synchronize || !Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
@@ -234,6 +236,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_dtype_map", &tp::set_dtype_map);
   m.def("set_unsupported_dtype_handler", &tp::set_unsupported_dtype_handler);
   m.def("storage_nbytes", &tp::storage_nbytes);
+  // whether the storage's fresh memory reads as deterministic mode's fill (decided when it was made)
+  m.def("deterministic_fill", &tp::deterministic_fill);
   m.def("set_eager_helpers", &tp::set_eager_helpers);
   m.def("register_fast_kernel", &tp::register_fast_kernel);
   m.def("register_clone_kernel", &tp::register_clone_kernel);

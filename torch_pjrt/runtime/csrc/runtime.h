@@ -75,6 +75,10 @@ struct Holder {
   // its buffer is an append's exact result (ops/growth.py): appended to again, the storage grows
   // (padded); a new buffer clears it
   bool appended = false;
+  // made (empty) or grown (resize_) in deterministic mode with fill_uninitialized_memory: its
+  // memory past its buffer (all of it, without one) reads as NaN / the largest integer, as CPU
+  // fills it then; decided here, as the buffer is made lazily, maybe after the mode is off
+  bool deterministic_fill = false;
 };
 
 c10::Allocator* device_allocator();
