@@ -849,6 +849,42 @@ def test_normal_over_tensors_has_cpus_shape_dtype_and_moments(mean_dtype, std_dt
     assert abs(actual.mean().real - 3.0) < 0.15 and abs((actual - 3.0).abs().pow(2).mean() ** 0.5 - 2.0) < 0.15
 
 
+# --------------------------------------------------------------------------- masked_scatter's source count
+def _mask(d, ones=(0, 2, 4), n=5):
+    return torch.isin(torch.arange(n, device=d), torch.tensor(ones, device=d))
+
+
+MASKED_SCATTER_ERRORS = {
+    "in place": lambda d: torch.zeros(5, device=d).masked_scatter_(_mask(d), torch.arange(1.0, 3.0, device=d)),
+    "functional": lambda d: torch.zeros(5, device=d).masked_scatter(_mask(d), torch.arange(1.0, 3.0, device=d)),
+    "broadcast mask": lambda d: torch.zeros(2, 5, device=d).masked_scatter_(_mask(d), torch.arange(1.0, 6.0, device=d)),
+    "empty source": lambda d: torch.zeros(5, device=d).masked_scatter_(_mask(d), torch.zeros(0, device=d)),
+    "mask view": lambda d: torch.zeros(3, device=d, dtype=torch.int64).masked_scatter_(
+        _mask(d, (1, 3, 5), 6)[1::2], torch.arange(2, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", MASKED_SCATTER_ERRORS)
+def test_masked_scatter_with_too_short_a_source_raises(name, monkeypatch):
+    # pjrt repeated the source's last element (test_masked_scatter); the count is checked
+    # asynchronously, as index checks are (TORCH_PJRT_SYNC_INDEX_CHECKS=1: at the call)
+    assert_raises_like_cpu(MASKED_SCATTER_ERRORS[name], name)
+    _raises_exactly_like_cpu(MASKED_SCATTER_ERRORS[name], monkeypatch)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.zeros(5, device=d).masked_scatter_(_mask(d), torch.arange(1.0, 4.0, device=d)),
+    lambda d: torch.zeros(2, 5, device=d).masked_scatter(_mask(d), torch.arange(1.0, 12.0, device=d).view(1, 11)),
+    lambda d: torch.zeros(5, 0, 5, device=d).masked_scatter_(torch.ones(5, 1, 5, dtype=torch.bool, device=d),
+                                                             torch.zeros(0, device=d)),
+    lambda d: torch.zeros(4, device=d).masked_scatter_(torch.zeros(4, dtype=torch.bool, device=d),
+                                                       torch.zeros(0, device=d)),
+], ids=["enough", "more than enough", "no elements", "no ones"])
+def test_masked_scatter_with_enough_source_equals_cpu(call):
+    _same_as_cpu(call)
+    torch.pjrt.synchronize()  # and no check raises later
+
+
 # --------------------------------------------------------------------------- bincount's checks
 BINCOUNT_ERRORS = {
     "negative value": lambda d: torch.bincount(torch.tensor([1, -1], device=d)),

@@ -156,3 +156,18 @@ def take(values):
         f"out of range: tried to access index {bad} on a tensor of {size} elements.")
 
 
+def _more_ones_than(mask, repeat: int, limit: int):
+    """1 where the mask, broadcast `repeat` times over self, has more ones than `limit`, else 0."""
+    return jnp.where(jnp.sum(mask, dtype=jnp.int64) * repeat > limit, 1, 0)
+
+
+def masked_scatter(values):
+    """CPU's check that source has an element for every one of the mask (broadcast to self's
+    shape): a count computed in the check's executable, so no host read of the mask."""
+    self, mask, source = values[:3]
+    shape = np.broadcast_shapes(_shape_of(self), _shape_of(mask))
+    if np.dtype(mask.dtype) != np.bool_ or math.prod(shape) == 0:
+        return  # the lowering refuses other masks; no elements: nothing to count
+    repeat = math.prod(shape) // math.prod(_shape_of(mask))
+    yield Derived(mask, (1,), _more_ones_than, repeat, math.prod(_shape_of(source))), 1, False, \
+        lambda _, __: RuntimeError("Number of elements of source < number of ones in mask")

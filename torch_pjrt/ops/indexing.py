@@ -531,7 +531,7 @@ def masked_fill_tensor(self, mask, value):
     return masked_fill(self, mask, value)
 
 
-@lowering(aten.masked_scatter.default)
+@lowering(aten.masked_scatter.default, index_probes=probes.masked_scatter)
 def masked_scatter(self, mask, source):
     """The k-th True position of mask takes source's k-th element (k from a cumsum)."""
     if mask.dtype != jnp.bool_:
