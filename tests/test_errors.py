@@ -384,11 +384,21 @@ def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode)
         torch_pjrt.set_eager_mode(before)
 
 
+@pytest.mark.parametrize("runs", [1, 3], ids=["first-sight", "compiled-region"])
+def test_values_computed_before_the_call_that_runs_out_of_memory_are_kept(needs_a_terabyte, runs):
+    """As on CUDA, where the calls before the failing one ran: a fused region that runs out of memory
+    keeps the values its earlier calls computed (op by op at its first sight, compiled once it repeats)."""
+    for _ in range(runs):
+        x = torch.arange(1 << 19, dtype=torch.float32, device="pjrt")
+        y = x * 2
+        with pytest.raises(torch.OutOfMemoryError):
+            needs_a_terabyte(y).cpu()
+        assert torch.equal(y.cpu(), torch.arange(1 << 19, dtype=torch.float32) * 2)
+
+
 def test_xla_out_of_memory_in_a_compiled_graph(needs_a_terabyte):
     f = torch.compile(lambda x: needs_a_terabyte(x * 2).sum(), backend="pjrt")
     with pytest.raises(torch.OutOfMemoryError, match="RESOURCE_EXHAUSTED"):
         f(torch.ones(1 << 19, device="pjrt")).cpu()
-    with pytest.raises(torch.OutOfMemoryError):  # a failed result is raised once more, at the next synchronize
-        torch.pjrt.synchronize()
-    torch.pjrt.synchronize()
+    torch.pjrt.synchronize()  # raised at the call (XLA:CPU runs a program on the calling thread): nothing left over
     assert f(torch.ones(4, device="pjrt")).item() == (lambda x: torch.sort(torch.outer(x * 2, x * 2).flatten())[0][:3].sum())(torch.ones(4)).item()

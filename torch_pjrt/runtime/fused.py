@@ -722,29 +722,32 @@ def _storable(region: Region) -> bool:
 
 def _after_failed_run(region: Region, live: tuple, donate: tuple, error: Exception) -> None:
     """A region's executable raised `error`: run its calls one by one, so the failing call raises
-    naming its op. Raised as it is: an interruption (a signal handler's exception is no failure of
-    the calls), the device's failure (as torch's: platform.torch_error), and any error once the
-    run consumed donated inputs (they are gone; a one-op region's call donates none)."""
+    naming its op, and the calls before it keep their values (out of memory too: as op by op).
+    Raised as it is: an interruption (a signal handler's exception is no failure of the calls), and
+    any error once the run consumed donated inputs (they are gone; a one-op region's call donates
+    none), the device's failure as torch's (platform.torch_error)."""
     if interruption(error):  # (the C++ runner's: fused._run passes interruptions to _flush_locked)
         _after_interruption(region, error)
         raise error
-    device_error = platform.torch_error(error)
-    if device_error is not error:  # out of memory: run call by call, each would run out again
-        raise device_error from error
     inputs = region.inputs
     if any(type(inputs[i]) is _ARRAY and inputs[i].is_deleted() for i in donate):
+        device_error = platform.torch_error(error)
+        if device_error is not error:
+            raise device_error from error
         raise error
+    # out of memory included: the calls before the one that runs out keep their values (as op by op)
     _run_call_by_call(region, live)
 
 
-def _materialize(region: Region, live: tuple, values) -> None:
+def _materialize(region: Region, live, values, done: bool = True) -> None:
+    """Bind the region's live outputs to their values (done: all of them, the region ran)."""
     outputs = region.outputs
     if region.device not in (None, 0):  # a region of factories alone computes uncommitted arrays
         values = committed(values, region.device)
     for i, value in zip(live, values):
         outputs[i].value = value
         _recent_outputs.append(weakref.ref(value))
-    region.done = True
+    region.done = done
 
 
 def _first_run(region: Region, key: tuple) -> str:
@@ -831,8 +834,13 @@ def _run_call_by_call(region: Region, live: tuple) -> None:
             try:
                 _apply(rec, statics, treedef, leaves, env, stored)
             except Exception as e:  # noqa: BLE001
+                # the calls before this one ran, as they would have op by op (CUDA's): their values stay
+                _materialize(region, [i for i in live if i < len(env)], [env[i] for i in live if i < len(env)],
+                             done=False)
                 if interruption(e):
                     raise
+                if platform.torch_error(e) is not e:  # the device's failure (out of memory): torch's type
+                    raise platform.torch_error(e) from e
                 raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: "
                                    f"{type(e).__name__}: {e}") from e
     _materialize(region, live, [env[i] for i in live])
