@@ -317,6 +317,45 @@ def test_resize_and_set():
     same(t.view(-1)[:4], torch.tensor([0.0, -1, -1, 3]))
 
 
+def _sliced(d, start=4, end=20):
+    """A slice of an untyped storage (its data pointer an offset into the storage it slices)."""
+    v = torch.arange(15, dtype=torch.float32, device=d).view(3, 5)
+    return v, v.untyped_storage()[start:end]
+
+
+def test_slices_of_an_untyped_storage_read_as_on_cpu():
+    for start, end in [(4, 20), (0, 60), (1, 7), (56, 60), (8, 8)]:
+        assert list(_sliced(DEV, start, end)[1]) == list(_sliced("cpu", start, end)[1])
+        assert list(_sliced(DEV, start, end)[1].cpu()) == list(_sliced("cpu", start, end)[1])
+    for d_slice, c_slice in [(_sliced(DEV)[1], _sliced("cpu")[1]), (_sliced(DEV)[1][4:16], _sliced("cpu")[1][4:16])]:
+        typed = [torch.empty(0, device=d).set_(s, 1, (2,), (1,)) for d, s in ((DEV, d_slice), ("cpu", c_slice))]
+        same(typed[0], typed[1])
+        assert typed[0].data_ptr() == d_slice.data_ptr() + 4
+
+
+def test_writes_through_a_slice_of_an_untyped_storage_reach_its_storage():
+    expected, actual = _sliced("cpu"), _sliced(DEV)
+    for v, sliced in (expected, actual):
+        sliced[0:4].fill_(0)
+        torch.empty(0, device=v.device).set_(sliced, 2, (2,), (1,)).mul_(-1)
+        sliced[12] = 7
+    same(actual[0], expected[0])
+
+
+def test_a_view_past_a_slice_of_an_untyped_storage_raises_as_on_cpu():
+    for d in ("cpu", DEV):
+        with pytest.raises(RuntimeError, match="not resizable"):
+            torch.empty(0, device=d).set_(_sliced(d)[1], 2, (3,), (1,))
+
+
+def test_a_typed_view_of_a_slice_that_starts_within_an_element_says_so():
+    # CPU reads such bytes as elements; a pjrt storage's buffer is addressed by whole elements
+    _, sliced = _sliced(DEV, 2, 10)
+    assert list(sliced) == list(_sliced("cpu", 2, 10)[1])
+    with pytest.raises(RuntimeError, match="within an element, is not supported"):
+        torch.empty(0, device=DEV).set_(sliced, 0, (2,), (1,))
+
+
 def test_numpy_raises_type_error_like_cuda():
     with pytest.raises(TypeError, match="can't convert pjrt:0 device type tensor to numpy"):
         torch.ones(2, device=DEV).numpy()

@@ -53,6 +53,11 @@ class HandleArena {
     std::lock_guard<std::mutex> lock(mu_);
     free_[size_class(n)].push_back(h);
   }
+  bool holds(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto* c = static_cast<const char*>(p);
+    return base_ && c >= base_ && c < base_ + kCapacity;
+  }
 
  private:
   static constexpr size_t kCapacity = size_t(1) << 46;  // 64 TiB of addresses, no memory
@@ -215,6 +220,22 @@ Holder* holder_of(const c10::Storage& s) {
   const auto& dp = s.data_ptr();
   if (dp.get_deleter() != &release_holder) return nullptr;
   return static_cast<Holder*>(dp.get_context());
+}
+
+c10::Storage sliced_storage(const c10::Storage& slice, size_t& offset) {
+  offset = 0;
+  c10::Storage storage = slice;
+  while (storage.data_ptr().get_deleter() != &release_holder) {
+    const c10::DataPtr& dp = storage.data_ptr();
+    if (dp.device().type() != kPjrt || !dp.get_context() || !g_arena.holds(dp.get())) return {};
+    // UntypedStorage's [start:end] (torch/csrc/Storage.cpp) keeps the storage it slices as its
+    // DataPtr's context: a handle inside our arena with another deleter is such a slice
+    auto* sliced = static_cast<c10::StorageImpl*>(dp.get_context());
+    offset += static_cast<const char*>(dp.get()) - static_cast<const char*>(sliced->data_ptr().get());
+    storage = c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(sliced));
+  }
+  if (storage.unsafeGetStorageImpl() == slice.unsafeGetStorageImpl()) return {};  // the allocator's own
+  return storage;
 }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes) {

@@ -98,8 +98,30 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
   return self;
 }
 
+// The bytes a view of (offset, size, stride) reaches in its storage, with elements of `itemsize`.
+size_t bytes_reached(int64_t offset, c10::IntArrayRef size, c10::IntArrayRef stride, size_t itemsize) {
+  int64_t extent = 1;
+  for (size_t i = 0; i < size.size(); i++) {
+    if (size[i] == 0) return 0;
+    extent += (size[i] - 1) * (stride.empty() ? c10::multiply_integers(size.slice(i + 1)) : stride[i]);
+  }
+  return size_t(offset + extent) * itemsize;
+}
+
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage storage, int64_t offset, c10::IntArrayRef size,
                                c10::IntArrayRef stride) {
+  size_t sliced_at = 0;
+  if (c10::Storage sliced = sliced_storage(storage, sliced_at)) {
+    // a slice of an untyped pjrt storage (its data pointer is no storage of ours): the tensor
+    // becomes the same view of the storage it slices, so reads and writes reach those bytes
+    size_t itemsize = self.itemsize();
+    TORCH_CHECK(bytes_reached(offset, size, stride, itemsize) <= storage.nbytes(),
+                "Trying to resize storage that is not resizable");
+    TORCH_CHECK(sliced_at % itemsize == 0, "pjrt: a ", self.scalar_type(), " tensor over a storage slice that starts ",
+                sliced_at, " bytes into its storage, within an element, is not supported");
+    storage = std::move(sliced);
+    offset += int64_t(sliced_at / itemsize);
+  }
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_storage_keep_dtype(std::move(storage));
   impl->set_storage_offset(offset);

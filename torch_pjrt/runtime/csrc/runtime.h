@@ -86,6 +86,10 @@ c10::Allocator* device_allocator();
 c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
 // The storage's Holder, or nullptr when the pjrt allocator did not allocate it.
 Holder* holder_of(const c10::Storage& storage);
+// The pjrt storage that `slice` (UntypedStorage's [start:end] of a pjrt storage, maybe of a
+// slice) is a byte range of, and where that range starts (`offset`); an empty Storage when
+// `slice` is no such slice.
+c10::Storage sliced_storage(const c10::Storage& slice, size_t& offset);
 // Grow a storage (resize_, set_): a larger handle range; the buffer is padded lazily.
 void resize_storage_bytes(const c10::Storage& storage, size_t new_nbytes);
 c10::Allocator* pinned_allocator();
