@@ -330,3 +330,13 @@ def test_hf_generate_steady_decode_steps_stay_in_cpp():
     growing = {13, 14, 16, 17, 32, 33}  # the prompt's next two exact lengths; each capacity and the step after
     assert {length for length, n in entered.items() if n} <= growing, entered
     assert sum(1 for length, n in entered.items() if not n) >= len(entered) - len(growing), entered
+
+
+def test_cpu_programs_run_on_the_calling_thread():
+    """On XLA:CPU a single-device program runs on the thread that calls it, as torch CPU runs its
+    kernels (platform.py: about 10 us a run less than JAX's hand-off to its thread pool, which
+    TORCH_PJRT_CPU_ASYNC_DISPATCH=1 keeps). The out-of-memory tests of test_errors.py rely on it:
+    the error comes at the call."""
+    import jax
+
+    assert jax.config.values["jax_cpu_enable_async_dispatch"] is False
