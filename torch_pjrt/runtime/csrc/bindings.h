@@ -157,6 +157,7 @@ class CallRecorder {
  private:
   struct Signature {
     py::object call_id, treedef, statics, out_treedef;
+    py::object unflatten;  // out_treedef.unflatten, looked up once (None: one output)
     int64_t call_number = 0;  // call_id's value (the region's digest folds it)
     std::vector<py::object> out_avals;
     std::vector<py::object> held;  // the operand avals whose addresses the key holds

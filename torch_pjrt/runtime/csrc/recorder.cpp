@@ -598,6 +598,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
     s.treedef = signature[py::int_(1)];
     s.statics = signature[py::int_(2)];
     s.out_treedef = signature[py::int_(3)];
+    s.unflatten = s.out_treedef.is_none() ? py::object(py::none()) : py::object(s.out_treedef.attr("unflatten"));
     for (auto aval : signature[py::int_(4)]) s.out_avals.push_back(py::reinterpret_borrow<py::object>(aval));
     py::list leaves = signature[py::int_(5)];
     if (size_t(py::len(leaves)) != scratch.leaves.size()) return nullptr;  // a pytree this recorder does not know
@@ -698,7 +699,7 @@ PyObject* CallRecorder::record(const c10::IValue* args, PyObject* values, int de
   digest_call(g_region.digest.get(region), s.call_number, refs.ptr());
   if (!g_rec.single_device) g_region.device.set(region, py::int_(device).ptr());
   recorded++;
-  py::object result = s.out_treedef.is_none() ? py::object(outs[0]) : s.out_treedef.attr("unflatten")(outs);
+  py::object result = s.unflatten.is_none() ? py::object(outs[0]) : s.unflatten(outs);
   if (recorded_calls + 1 >= attr(g_rec.fused, g_rec.max_calls).cast<Py_ssize_t>()) {
     end_region(region, g_rec.max_ops);
   }
