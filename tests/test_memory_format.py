@@ -63,6 +63,37 @@ def test_copies_keep_a_dense_layout():
     torch.testing.assert_close(t.to("pjrt").cpu(), t)
 
 
+def _seeded(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+NOT_DENSE = {
+    "strided slice of channels_last": lambda d: _nhwc(4, 3, 8, 8).to(d)[..., ::2, ::2],
+    "strided slice of channels_last_3d": lambda d: _seeded(2, 3, 4, 4, 4).to(d, memory_format=torch.channels_last_3d)
+    [..., ::2, ::2, ::2],
+    "column slice": lambda d: _seeded(4, 6).to(d)[:, :3],
+    "slice of a permutation": lambda d: _seeded(3, 4, 5).to(d)[:, ::2].permute(2, 0, 1),
+    "expanded": lambda d: _seeded(3, 1).to(d).expand(3, 4),
+}
+COPIES = {
+    "clone": lambda t: t.clone(),
+    "to dtype": lambda t: t.to(torch.float64),
+    "type": lambda t: t.type(torch.float64),
+    "double": lambda t: t.double(),
+    "to cpu": lambda t: t.to("cpu", copy=True),  # on the CPU, .cpu() would return t itself
+}
+
+
+@pytest.mark.parametrize("copy", sorted(COPIES))
+@pytest.mark.parametrize("source", sorted(NOT_DENSE))
+def test_copies_of_a_tensor_that_is_not_dense_take_cpus_layout(source, copy):
+    # torch's empty_like keeps the order of the source's strides (channels_last for a strided slice
+    # of a channels_last tensor); pjrt made such copies row-major (test_memory_format_clone, _to, _type)
+    expected, actual = COPIES[copy](NOT_DENSE[source]("cpu")), COPIES[copy](NOT_DENSE[source]("pjrt"))
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
 def test_in_place_and_out_writes_keep_the_target_layout():
     x = _nhwc(1, 3, 4, 4)
     p = x.to("pjrt")

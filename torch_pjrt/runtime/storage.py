@@ -195,12 +195,21 @@ def layout_of(t: torch.Tensor, memory_format=None) -> tuple | None:
     if memory_format in (None, torch.preserve_format):
         if t.is_contiguous():
             return None
-        like = t
-    elif memory_format == torch.contiguous_format:
+        perm = _dense_permutation(t, t)
+        return perm if perm is not None else _preserved_layout(tuple(t.shape), tuple(t.stride()))
+    if memory_format == torch.contiguous_format:
         return None
-    else:
-        like = torch.empty_like(torch.empty(t.shape, dtype=t.dtype, device="meta"), memory_format=memory_format)
+    like = torch.empty_like(torch.empty(t.shape, dtype=t.dtype, device="meta"), memory_format=memory_format)
     return _dense_permutation(like, t)
+
+
+@functools.lru_cache(1024)
+def _preserved_layout(shape: tuple, stride: tuple) -> tuple | None:
+    """layout_of a tensor that is not dense (a strided slice of a channels_last tensor): torch's
+    empty_like, asked of a meta tensor with its strides, gives it a dense layout in the order of
+    its strides (channels_last there)."""
+    like = torch.empty_like(torch.empty_strided(shape, stride, device="meta"))
+    return _dense_permutation(like, like)
 
 
 def wrap_laid_out(array: jax.Array, device: int, perm: tuple | None) -> torch.Tensor:
