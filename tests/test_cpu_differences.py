@@ -1262,3 +1262,25 @@ def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
 ], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred"])
 def test_a_fill_value_cpu_accepts(call):
     _same_as_cpu(call)
+
+
+def test_a_call_meta_refuses_but_cpu_accepts_leaves_the_ops_other_checks_on(monkeypatch):
+    """masked_fill(float, mask, 2 + 0j): torch's meta kernel refuses it, CPU computes it; that call
+    then traces without the meta check, but only calls of its kind (dtypes, shapes, number kinds):
+    a uint8 mask in the same process still raises CPU's error. (It ran unchecked once, silently,
+    and the executable store then kept the unchecked executable for every later process.)"""
+    from torch_pjrt.runtime import executable_store
+
+    # each call traced here (a stored executable skips the trace, and the check with it), on shapes
+    # no other test uses
+    monkeypatch.setitem(executable_store._state, "folder", None)
+    mask = torch.tensor([True, False, False, True, True, False, True])
+    for d in ("cpu", "pjrt"):  # the accepted call first, as a test earlier in a worker may make it
+        torch.zeros(7, device=d).masked_fill(mask.to(d), 2 + 0j).cpu()
+    with pytest.raises(RuntimeError) as pjrt:
+        torch.zeros(7, device="pjrt").masked_fill(mask.to(torch.uint8).to("pjrt"), 2.0).cpu()
+    with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks") as cpu:
+        torch.zeros(7).masked_fill(mask.to(torch.uint8), 2.0)
+    assert str(pjrt.value) == str(cpu.value)
+    assert torch.equal(torch.zeros(7, device="pjrt").masked_fill(mask.to("pjrt"), 2 + 0j).cpu(),
+                       torch.zeros(7).masked_fill(mask, 2 + 0j))

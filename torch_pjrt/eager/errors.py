@@ -37,11 +37,12 @@ _DEVICE_ERRORS = (torch.OutOfMemoryError, MemoryError)
 
 
 class MetaRejected(Exception):
-    """The meta kernel rejected a call while its executable was traced (carries meta's error)."""
+    """The meta kernel rejected a call while its executable was traced (carries meta's error, and
+    the call's kind: what a later verdict of CPU's on the call is kept for)."""
 
-    def __init__(self, error: BaseException):
+    def __init__(self, error: BaseException, kind: tuple | None = None):
         super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
+        self.error, self.kind = error, kind
 
 
 class DtypeRefused(MetaRejected):
@@ -93,8 +94,35 @@ def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
         return
 
 
-# Ops whose meta check rejected a call that CPU accepts: their executables trace unchecked.
+# (op, call kind) whose meta check rejected a call that CPU accepts: such calls trace unchecked. Kept
+# per kind of call, not per op: one call meta refuses wrongly (a complex value with no imaginary
+# part) must not turn the op's checks off for every other call (a uint8 mask) in the process.
 _META_UNRELIABLE: set = set()
+_NUMBER_KINDS = {bool: "b", int: "i", float: "f", complex: "c"}
+_WEAK_KINDS = {"b": "b", "u": "i", "i": "i", "f": "f", "c": "c"}
+
+
+def _call_kind(values) -> tuple:
+    """A traced call's arguments as its meta verdict depends on them, static values aside: each
+    tensor's dtype and shape, each traced Python number's kind, lists item by item. (An executable
+    traced unchecked is kept in the executable store: only calls CPU accepted may be traced so.)"""
+    return tuple(_kind_of(v) for v in values)
+
+
+def _kind_of(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_kind_of(x) for x in v)
+    number = _NUMBER_KINDS.get(type(v))
+    if number is not None:
+        return number
+    geometry = getattr(v, "geometry", None)
+    dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
+    if dtype is None or isinstance(v, torch.dtype):
+        return None  # a static value
+    if getattr(getattr(v, "aval", None), "weak_type", False):  # a Python number, traced
+        return _WEAK_KINDS.get(np.dtype(dtype).kind)
+    shape = geometry.size if geometry is not None else v.shape
+    return str(dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)), tuple(shape)
 # A failure of the meta machinery rather than a verdict on the call (an op without a meta kernel raises
 # NotImplementedError: _run_meta asks CPU for its layout); the exceptions torch's checks raise.
 _NO_VERDICT = torch._subclasses.fake_tensor.DataDependentOutputException
@@ -109,11 +137,12 @@ def meta_check(lowering, sig, values, concrete=None):
     a neutral value stands in (the entry's `in_range` is what checks their values)."""
     op = lowering.op
     check_dtype_on_cpu(op, sig, values)
-    if op in _META_UNRELIABLE:
+    kind = _call_kind(values) if _META_UNRELIABLE else None
+    if kind is not None and (op, kind) in _META_UNRELIABLE:
         return None
     outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))
     if refusal is not None:  # the oracle decides what to raise
-        raise MetaRejected(refusal) from None
+        raise MetaRejected(refusal, kind if kind is not None else _call_kind(values)) from None
     return outputs
 
 
@@ -243,7 +272,7 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
         error.forget()
         return None
     if isinstance(error, MetaRejected):
-        _META_UNRELIABLE.add(op)
+        _META_UNRELIABLE.add((op, error.kind))
         return None
     if isinstance(error, (RuntimeError, IndexError)) and not _from_jax(error):
         return error  # a pjrt-specific refusal of our own (an unsupported dtype, ...): already clear
