@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 import torch
 
@@ -384,10 +385,17 @@ def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode)
         torch_pjrt.set_eager_mode(before)
 
 
-@pytest.mark.parametrize("runs", [1, 3], ids=["first-sight", "compiled-region"])
+_HANDED_OFF = pytest.mark.skipif(
+    jax.config.values["jax_cpu_enable_async_dispatch"],
+    reason="XLA:CPU hands a compiled region to its pool (TORCH_PJRT_CPU_ASYNC_DISPATCH=0 runs it on the calling "
+           "thread): its run returns before it fails, and every result of it then carries the error (docs/eager.md)")
+
+
+@pytest.mark.parametrize("runs", [1, pytest.param(3, marks=_HANDED_OFF)], ids=["first-sight", "compiled-region"])
 def test_values_computed_before_the_call_that_runs_out_of_memory_are_kept(needs_a_terabyte, runs):
     """As on CUDA, where the calls before the failing one ran: a fused region that runs out of memory
-    keeps the values its earlier calls computed (op by op at its first sight, compiled once it repeats)."""
+    keeps the values its earlier calls computed (op by op at its first sight, compiled once it repeats
+    where the run fails at the call)."""
     for _ in range(runs):
         x = torch.arange(1 << 19, dtype=torch.float32, device="pjrt")
         y = x * 2
@@ -400,5 +408,8 @@ def test_xla_out_of_memory_in_a_compiled_graph(needs_a_terabyte):
     f = torch.compile(lambda x: needs_a_terabyte(x * 2).sum(), backend="pjrt")
     with pytest.raises(torch.OutOfMemoryError, match="RESOURCE_EXHAUSTED"):
         f(torch.ones(1 << 19, device="pjrt")).cpu()
-    torch.pjrt.synchronize()  # raised at the call (XLA:CPU runs a program on the calling thread): nothing left over
+    if jax.config.values["jax_cpu_enable_async_dispatch"]:  # a failed result is raised once more, at the next synchronize
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.pjrt.synchronize()
+    torch.pjrt.synchronize()  # (on the calling thread it was raised at the call: nothing left over)
     assert f(torch.ones(4, device="pjrt")).item() == (lambda x: torch.sort(torch.outer(x * 2, x * 2).flatten())[0][:3].sum())(torch.ones(4)).item()

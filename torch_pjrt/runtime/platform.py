@@ -21,9 +21,9 @@ import torch
 jax.config.update("jax_enable_x64", True)
 if "xla_allow_excess_precision" not in os.environ.get("XLA_FLAGS", ""):  # read when XLA first compiles
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_allow_excess_precision=false").strip()
-if os.environ.get("TORCH_PJRT_CPU_ASYNC_DISPATCH", "0") == "0":
-    # XLA:CPU runs a single-device program on the calling thread, as torch CPU runs its kernels: handing
-    # each one to XLA's thread pool and waiting for it costs about 10 us a run (docs/eager.md)
+if os.environ.get("TORCH_PJRT_CPU_ASYNC_DISPATCH", "1") == "0":
+    # XLA:CPU runs a single-device program on the calling thread, as torch CPU runs its kernels: no
+    # hand-off to XLA's pool (~10 us a run), but no overlap of the host's work with XLA's (docs/eager.md)
     jax.config.update("jax_cpu_enable_async_dispatch", False)
 if os.environ.get("TORCH_PJRT_CPU_DEVICES"):
     jax.config.update("jax_num_cpu_devices", int(os.environ["TORCH_PJRT_CPU_DEVICES"]))
@@ -84,8 +84,8 @@ def torch_error(error: BaseException) -> BaseException:
     """What torch raises for `error`, a failure of XLA's: its RESOURCE_EXHAUSTED (an executable's
     buffers or temporaries do not fit; the allocator's own check sees only tensors) is
     torch.OutOfMemoryError, CUDA's type, with XLA's message and `error` as its cause; else `error`.
-    Where the platform runs programs asynchronously (GPUs, TPUs, XLA:CPU with
-    TORCH_PJRT_CPU_ASYNC_DISPATCH=1) it may come at the host read of the result, not the call."""
+    Where the platform runs programs asynchronously (XLA:CPU unless TORCH_PJRT_CPU_ASYNC_DISPATCH=0)
+    it may come at the host read of the result, not the call."""
     if type(error).__name__ not in ("JaxRuntimeError", "XlaRuntimeError") or not _XLA_OUT_OF_MEMORY.search(str(error)):
         return error
     oom = torch.OutOfMemoryError(
