@@ -117,7 +117,7 @@ def _kind_of(v):
         return number
     geometry = getattr(v, "geometry", None)
     dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
-    if dtype is None or isinstance(v, torch.dtype):
+    if dtype is None:
         return None  # a static value
     if getattr(getattr(v, "aval", None), "weak_type", False):  # a Python number, traced
         return _WEAK_KINDS.get(np.dtype(dtype).kind)
@@ -137,12 +137,12 @@ def meta_check(lowering, sig, values, concrete=None):
     a neutral value stands in (the entry's `in_range` is what checks their values)."""
     op = lowering.op
     check_dtype_on_cpu(op, sig, values)
-    kind = _call_kind(values) if _META_UNRELIABLE else None
-    if kind is not None and (op, kind) in _META_UNRELIABLE:
+    kind = _call_kind(values)
+    if (op, kind) in _META_UNRELIABLE:
         return None
     outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))
     if refusal is not None:  # the oracle decides what to raise
-        raise MetaRejected(refusal, kind if kind is not None else _call_kind(values)) from None
+        raise MetaRejected(refusal, kind) from None
     return outputs
 
 

@@ -307,9 +307,7 @@ _FRESH_MEMORY = ("torch's CompositeExplicitAutograd kernel: the runtime's metada
                  "give fresh memory in the layout CPU gives, filled as CPU fills it in deterministic mode")
 
 
-@lowering(aten.empty_like.default, padding=SAME, eager=_FRESH_MEMORY)
-def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return jnp.zeros(self.shape, _dtype_or(dtype, self.dtype))
+lowering(aten.empty_like.default, padding=SAME, eager=_FRESH_MEMORY)(zeros_like)  # compiled graphs: zeros
 
 
 @lowering(aten.ones_like.default, padding=SAME)
@@ -344,9 +342,7 @@ def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=No
     return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
 
 
-@lowering(aten.new_empty.default, padding=FACTORY, eager=_FRESH_MEMORY)
-def new_empty(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.zeros(tuple(size), _dtype_or(dtype, self.dtype))
+lowering(aten.new_empty.default, padding=FACTORY, eager=_FRESH_MEMORY)(new_zeros)  # compiled graphs: zeros
 
 
 @lowering(aten.new_empty_strided.default,

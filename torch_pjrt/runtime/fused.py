@@ -834,13 +834,14 @@ def _run_call_by_call(region: Region, live: tuple) -> None:
             try:
                 _apply(rec, statics, treedef, leaves, env, stored)
             except Exception as e:  # noqa: BLE001
-                # the calls before this one ran, as they would have op by op (CUDA's): their values stay
-                _materialize(region, [i for i in live if i < len(env)], [env[i] for i in live if i < len(env)],
-                             done=False)
-                if interruption(e):
+                if interruption(e):  # (the region goes back to its thread and runs whole: _after_interruption)
                     raise
-                if platform.torch_error(e) is not e:  # the device's failure (out of memory): torch's type
-                    raise platform.torch_error(e) from e
+                # the calls before this one ran, as they would have op by op (CUDA's): their values stay
+                ran = [i for i in live if i < len(env)]
+                _materialize(region, ran, [env[i] for i in ran], done=False)
+                device_error = platform.torch_error(e)
+                if device_error is not e:  # the device's failure (out of memory): torch's type
+                    raise device_error from e
                 raise RuntimeError(f"pjrt fused eager: {rec.name} failed when its region ran: "
                                    f"{type(e).__name__}: {e}") from e
     _materialize(region, live, [env[i] for i in live])
