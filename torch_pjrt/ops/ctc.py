@@ -52,7 +52,10 @@ def _one_sequence(log_probs, target, input_length, target_length, blank: int):
     """(-log p(target | log_probs), log_alpha (T, 2S+1)) of one batch element; log_probs (T, C)."""
     steps, width = log_probs.shape[0], 2 * target.shape[0] + 1
     s = jnp.arange(width)
-    labels = jnp.where(s % 2 == 1, jnp.take(target, s // 2, mode="clip"), blank)
+    if target.shape[0]:
+        labels = jnp.where(s % 2 == 1, jnp.take(target, s // 2, mode="clip"), blank)
+    else:  # every target empty (width 1): the all-blank path alone, and nothing to take from
+        labels = jnp.full((width,), blank, I64)
     valid = s < 2 * target_length + 1
     skip = (s % 2 == 1) & (s >= 2) & (labels != jnp.roll(labels, 2))
     ninf = jnp.full((width,), -jnp.inf, log_probs.dtype)

@@ -544,7 +544,8 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
 
 @lowering(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
-    x = _up(input).reshape(N, group, -1)
+    # the group's size spelled out: -1 cannot be inferred when N is 0
+    x = _up(input).reshape(N, group, C // group * HxW)
     mean = jnp.mean(x, axis=2, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=2, keepdims=True)
     rstd = lax.rsqrt(var + eps)
@@ -562,13 +563,14 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     nd = input.ndim
     x, g = _up(input), _up(grad_out)
     mean_g, rstd_g = _up(mean).reshape(N, group, 1), _up(rstd).reshape(N, group, 1)
-    xhat = ((x.reshape(N, group, -1) - mean_g) * rstd_g).reshape(input.shape)
+    grouped = (N, group, C // group * HxW)  # not -1: N may be 0
+    xhat = ((x.reshape(grouped) - mean_g) * rstd_g).reshape(input.shape)
     reduce_axes = (0,) + tuple(range(2, nd))
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         g_hat = g * _bcast_channel(_up(weight), nd) if weight is not None else g
         grad_input = _normalize_grad(
-            g_hat.reshape(N, group, -1), xhat.reshape(N, group, -1), rstd_g, (2,)
+            g_hat.reshape(grouped), xhat.reshape(grouped), rstd_g, (2,)
         ).reshape(input.shape).astype(input.dtype)
     wdt = weight.dtype if weight is not None else input.dtype
     if output_mask[1]:
