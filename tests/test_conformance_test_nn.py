@@ -3,6 +3,7 @@ docs/conformance-notes.md, "test_autograd and test_nn whole"). Each test runs th
 reference) and on pjrt."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -41,3 +42,49 @@ def test_ctc_loss_with_every_target_empty_equals_cpu():
             results[device] = (loss, lp.grad)
         for pjrt, cpu in zip(results["pjrt"], results["cpu"]):
             torch.testing.assert_close(pjrt.cpu(), cpu)
+
+
+# ------------------------------------------------------------------ in-place activations' backward
+# test_elu_inplace_with_neg_alpha, test_leaky_relu_inplace_with_neg_slope: an in-place forward hands its
+# backward the result, which a negative slope makes impossible to invert; CPU's backward refuses
+# ("call out-of-place version"), pjrt computed a gradient (a wrong one for celu_).
+_INPLACE_NEGATIVE = {
+    "elu_": lambda a: torch.nn.functional.elu_(a, alpha=-2),
+    "celu_": lambda a: torch.nn.functional.celu_(a, alpha=-2),
+    "leaky_relu_": lambda a: torch.nn.functional.leaky_relu_(a, -2),
+    "rrelu_": lambda a: torch.nn.functional.rrelu_(a, -5.0, 1.0),
+}
+
+
+def _backward_error(device, forward):
+    a = torch.tensor([-1.0, 1.0], device=device, requires_grad=True)
+    b = forward(a.clone())
+    try:
+        b.backward(torch.ones(2, device=device))
+    except RuntimeError as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(_INPLACE_NEGATIVE))
+def test_inplace_activation_backward_with_a_negative_slope_raises_as_cpu(name):
+    expected = _backward_error("cpu", _INPLACE_NEGATIVE[name])
+    assert expected is not None and "call out-of-place version" in expected[1]
+    assert _backward_error("pjrt", _INPLACE_NEGATIVE[name]) == expected
+
+
+@pytest.mark.parametrize("name", ["elu_", "celu_", "selu_", "leaky_relu_"])
+def test_inplace_activation_backward_with_a_valid_slope_equals_cpu(name):
+    forward = {"elu_": lambda a: torch.nn.functional.elu_(a, alpha=0.7),
+               "celu_": lambda a: torch.nn.functional.celu_(a, alpha=1.5),
+               "selu_": torch.nn.functional.selu_,
+               "leaky_relu_": lambda a: torch.nn.functional.leaky_relu_(a, 0.0)}[name]
+    x = torch.linspace(-2, 2, 7, dtype=torch.float64)
+    results = {}
+    for device in ("cpu", "pjrt"):
+        a = x.detach().to(device).requires_grad_()
+        b = forward(a.clone())
+        b.backward(torch.arange(7.0, dtype=torch.float64, device=device))
+        results[device] = (b.detach(), a.grad)
+    for pjrt, cpu in zip(results["pjrt"], results["cpu"]):
+        torch.testing.assert_close(pjrt.cpu(), cpu)

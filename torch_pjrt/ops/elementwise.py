@@ -1393,7 +1393,17 @@ def _elu(x, alpha, scale, input_scale):
 elu = activation("elu", _elu)
 
 
-@lowering(aten.elu_backward.default, tests=_NAN_BY_SIZE)
+# CPU's backward kernels refuse a negative slope when they get the forward's result (an in-place
+# forward: elu_, celu_, leaky_relu_, rrelu_), which cannot be inverted there; the slope is traced, so
+# the host checks it and CPU torch names the error
+def _negative_slope_of_a_result(slope: int, is_result: int):
+    """An `in_range` over the schema positions of the slope and the is-result flag."""
+    def in_range(values) -> bool:
+        return not values[is_result] or values[slope] >= 0
+    return in_range
+
+
+@lowering(aten.elu_backward.default, tests=_NAN_BY_SIZE, in_range=_negative_slope_of_a_result(1, 4))
 def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
     def math(g, y, alpha, scale, input_scale):
         if is_result:
@@ -1418,7 +1428,7 @@ selu = activation("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE, 1.0))
 leaky_relu = activation("leaky_relu", lambda x, slope: jnp.where(x > 0, x, x * slope))
 
 
-@lowering(aten.leaky_relu_backward.default)
+@lowering(aten.leaky_relu_backward.default, in_range=_negative_slope_of_a_result(2, 3))
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     return pointwise(lambda g, x, s: jnp.where(x > 0, g, g * s), grad_output, self,
                      name="leaky_relu_backward", allowed="f", scalars=(negative_slope,))
