@@ -388,7 +388,7 @@ def overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
     """How the written `target` overlaps itself or the call's other arguments: None, "same"
     (another argument is exactly the same view) or "partial" (anything else that may share
     elements, as far as cheap arithmetic on the layouts can tell)."""
-    if torch._debug_has_internal_overlap(target) != 0:
+    if may_overlap_itself(target):
         return "partial"
     ptr, span = target.untyped_storage().data_ptr(), _span(target)
     others = _tensors([*args, *kwargs.values()])
@@ -405,6 +405,22 @@ def overlap(target: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
         if other[0] < span[1] and span[0] < other[1] or not (a.numel() and target.numel()):
             return "partial"  # element ranges intersect (or an empty tensor on the storage: CPU decides)
     return kind
+
+
+def may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two of t's elements may be one memory location. torch's own test
+    (`_debug_has_internal_overlap`) answers "too hard" for every non-contiguous layout, which sent
+    each in-place write through a transposed or strided view to CPU's oracle (a host read of its
+    storages per call). A layout is free of overlap when, its dims ordered by stride, each stride
+    passes the extent of the smaller ones; an interleaved layout that fails this stays "may"."""
+    if t.numel() <= 1:
+        return False
+    extent = 0  # the last offset the dims of smaller stride reach
+    for stride, size in sorted((abs(s), n) for n, s in zip(t.shape, t.stride()) if n != 1):
+        if stride <= extent:
+            return True
+        extent += (size - 1) * stride
+    return False
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

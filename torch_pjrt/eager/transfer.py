@@ -27,7 +27,7 @@ def _is_pjrt(t: torch.Tensor) -> bool:
 
 def _may_share(dst: torch.Tensor, src: torch.Tensor) -> bool:
     """Cheap test (copy_ is hot): can dst's elements overlap each other or src's?"""
-    if not dst.is_contiguous() and torch._debug_has_internal_overlap(dst) != 0:
+    if not dst.is_contiguous() and errors.may_overlap_itself(dst):
         return True
     return src.device == dst.device and src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr()
 
