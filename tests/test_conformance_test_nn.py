@@ -88,3 +88,24 @@ def test_inplace_activation_backward_with_a_valid_slope_equals_cpu(name):
         results[device] = (b.detach(), a.grad)
     for pjrt, cpu in zip(results["pjrt"], results["cpu"]):
         torch.testing.assert_close(pjrt.cpu(), cpu)
+
+
+# ------------------------------------------------------------------ reflection padding with negative widths
+# test_pad: F.pad(x, (0, 0, -1, -1), mode="reflect") crops as CPU does; jnp.pad refuses negative widths
+# (ValueError inside the lowering). A side that crops and one that reflects: CPU reflects about the
+# input's own end (not the cropped one).
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("pad", [(0, 0, -1, -1), (-3, 3), (2, -1, -2, 3), (-1, 0, 0, 2, 1, -2)])
+def test_padding_with_negative_widths_equals_cpu(mode, pad):
+    torch.manual_seed(0)
+    x = torch.randn((2, 3, 4, 5, 6)[3 - len(pad) // 2:], dtype=torch.float64)  # batch, channels, padded dims
+    grad = None
+    results = {}
+    for device in ("cpu", "pjrt"):
+        a = x.detach().to(device).requires_grad_()
+        out = torch.nn.functional.pad(a, pad, mode=mode)
+        grad = torch.randn(out.shape, dtype=torch.float64) if grad is None else grad
+        out.backward(grad.to(device))
+        results[device] = (out.detach(), a.grad)
+    for pjrt, cpu in zip(results["pjrt"], results["cpu"]):
+        torch.testing.assert_close(pjrt.cpu(), cpu)

@@ -228,12 +228,19 @@ def _pad_fn(mode, nd):
             raise RuntimeError(f"Expected {nd + 1}D or {nd + 2}D (batch mode) tensor with possibly 0 batch size "
                                f"and other non-zero dimensions for input, but got: {list(x.shape)}")
         widths = _pad_widths(x.ndim, padding)
-        if mode == "reflect":
+        if mode == "reflect" and all(lo >= 0 and hi >= 0 for lo, hi in widths):
             return jnp.pad(x, widths, mode=mode)
-        for d, (lo, hi) in enumerate(widths):  # replication: out[i] = x[clamp(i - lo)]; negative widths crop
+        # out[i] = x[i - lo], the position reflected about (or clamped to) the input's own ends, as
+        # CPU's kernels index; negative widths crop. Not crop-then-pad: a reflection after a crop
+        # would turn about the cropped end
+        for d, (lo, hi) in enumerate(widths):
             if lo or hi:
-                source = jnp.clip(jnp.arange(x.shape[d] + lo + hi) - lo, 0, x.shape[d] - 1)
-                x = jnp.take(x, source, axis=d)
+                n = x.shape[d]
+                source = np.arange(n + lo + hi) - lo
+                if mode == "reflect":
+                    source = np.abs(source)
+                    source = np.where(source >= n, 2 * (n - 1) - source, source)
+                x = jnp.take(x, np.clip(source, 0, n - 1), axis=d)
         return x
 
     return pad
