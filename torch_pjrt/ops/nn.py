@@ -523,22 +523,26 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
         mean, invstd = _up(save_mean), _up(save_invstd)
     else:
         mean, invstd = _up(running_mean), lax.rsqrt(_up(running_var) + eps)
-    mean_b, invstd_b = _bcast_channel(mean, nd), _bcast_channel(invstd, nd)
-    xhat = (x - mean_b) * invstd_b
-    w = _bcast_channel(_up(weight), nd) if weight is not None else None
+    # CPU's kernel: two sums per channel, sum(g) and dotp = sum((x - mean) * g), then one
+    # elementwise pass (half the reductions of differentiating y = (x - mean) * invstd * w)
+    centered = x - _bcast_channel(mean, nd)
+    total = jnp.sum(g, axis=axes)
+    dotp = jnp.sum(centered * g, axis=axes)
+    scale = invstd * _up(weight) if weight is not None else invstd
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        g_hat = g * w if w is not None else g
         if train:
-            grad_input = _normalize_grad(g_hat, xhat, invstd_b, axes)
+            n = math.prod(input.shape[a] for a in axes)
+            k = dotp * invstd * invstd / n
+            grad_input = (g - _bcast_channel(total / n, nd) - centered * _bcast_channel(k, nd)) * _bcast_channel(scale, nd)
         else:
-            grad_input = g_hat * invstd_b
+            grad_input = g * _bcast_channel(scale, nd)
         grad_input = grad_input.astype(input.dtype)
     wdt = weight.dtype if weight is not None else _acc(input.dtype)
     if output_mask[1]:
-        grad_weight = jnp.sum(g * xhat, axis=axes).astype(wdt)
+        grad_weight = (dotp * invstd).astype(wdt)
     if output_mask[2]:
-        grad_bias = jnp.sum(g, axis=axes).astype(wdt)
+        grad_bias = total.astype(wdt)
     return grad_input, grad_weight, grad_bias
 
 
