@@ -747,3 +747,29 @@ def test_weight_norm_interface_backward(dim, dtype):
     g = (g[:, :1] if dim == 0 else g[:1, :]).contiguous()  # as autograd saves it
     _, norms = aten._weight_norm_interface(v, g, dim)
     check(aten._weight_norm_interface_backward.default, r(4, 6, dtype=dtype, seed=2), v, g, norms, dim, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_max_pool_backward_sweep(dtype):
+    """max pool's backward against CPU over kernels, strides (overlapping windows included),
+    padding, dilation, ceil_mode, odd sizes, ties and an unbatched input: exactly where windows
+    do not overlap. (A scatter-free backward, each window offset's share put back by a strided
+    pad, was tried: 4x slower than XLA:CPU's scatter at the CNN's shapes.)"""
+    g = torch.Generator().manual_seed(0)
+    cases = [([2, 2], [2, 2], [0, 0], [1, 1], False, (2, 3, 8, 8)),
+             ([2, 2], [2, 2], [0, 0], [1, 1], True, (2, 3, 7, 9)),
+             ([3, 3], [3, 3], [1, 1], [1, 1], True, (1, 2, 10, 11)),
+             ([3, 2], [2, 1], [1, 0], [2, 1], True, (2, 1, 9, 6)),
+             ([3, 3], [1, 2], [1, 1], [1, 1], False, (3, 6, 7)),
+             ([1, 1], [2, 3], [0, 0], [1, 1], False, (2, 2, 5, 7))]
+    for k, s, p, d, ceil, shape in cases:
+        x = torch.randint(-4, 4, shape, generator=g).to(dtype)  # ties: the first maximum in window order
+        out, idx = torch.ops.aten.max_pool2d_with_indices(x, k, s, p, d, ceil)
+        grad = torch.randn(out.shape, generator=g).to(dtype)
+        expected = torch.ops.aten.max_pool2d_with_indices_backward(grad, x, k, s, p, d, ceil, idx)
+        got = torch.ops.aten.max_pool2d_with_indices_backward(grad.to(DEVICE), x.to(DEVICE), k, s, p, d, ceil,
+                                                               idx.to(DEVICE))
+        overlapping = any(ss < kk * dd for kk, ss, dd in zip(k, s or k, d))
+        tol = dict(atol=1e-5, rtol=1e-5) if overlapping and dtype != torch.bfloat16 else \
+            dict(atol=0.02, rtol=0.02) if overlapping else dict(atol=0, rtol=0)
+        torch.testing.assert_close(got.cpu(), expected, **tol)
