@@ -109,3 +109,44 @@ def test_padding_with_negative_widths_equals_cpu(mode, pad):
         results[device] = (out.detach(), a.grad)
     for pjrt, cpu in zip(results["pjrt"], results["cpu"]):
         torch.testing.assert_close(pjrt.cpu(), cpu)
+
+
+# ------------------------------------------------------------------ nearest upsampling's dtypes
+# test_upsamplingBiMode2d_nonsupported_dtypes: nearest and nearest-exact upsampling of int8/16/32/64
+# computed a result where CPU has no kernel ("... not implemented for 'Int'"). torch._decomp gives
+# upsample_nearest* a Python CompositeImplicitAutograd kernel that only the Python dispatcher runs;
+# eager took it for the dispatcher's and registered no kernel, so calls went through the boxed fallback
+# (torch's decomposition, without the op's CPU dtype refusals). The dispatcher's table decides now.
+_NEAREST = [(mode, rank) for mode in ("nearest", "nearest-exact") for rank in (1, 2, 3)]
+
+
+def _interpolate(device, dtype, mode, rank, memory_format=torch.contiguous_format):
+    x = (torch.arange(2 * 3 * 5 ** rank) % 97).reshape((2, 3) + (5,) * rank).to(dtype)
+    x = x.to(device).contiguous(memory_format=memory_format)
+    try:
+        out = torch.nn.functional.interpolate(x, size=(7, 3, 4)[:rank], mode=mode)
+    except RuntimeError as e:
+        return type(e), str(e)
+    return out.cpu(), out.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float32])
+@pytest.mark.parametrize("mode,rank", _NEAREST)
+def test_nearest_upsampling_dtypes_as_cpu(mode, rank, dtype):
+    cpu, pjrt = _interpolate("cpu", dtype, mode, rank), _interpolate("pjrt", dtype, mode, rank)
+    if isinstance(cpu[0], type):
+        assert pjrt == cpu
+    else:
+        assert pjrt[1] == cpu[1]
+        torch.testing.assert_close(pjrt[0], cpu[0], rtol=0, atol=0)
+
+
+def test_nearest_upsampling_has_an_eager_kernel_and_channels_last_equals_cpu():
+    torch.ones(1, device="pjrt")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::upsample_nearest2d", "PrivateUse1")
+    for dtype in (torch.int32, torch.uint8, torch.float64):
+        cpu = _interpolate("cpu", dtype, "nearest", 2, torch.channels_last)
+        pjrt = _interpolate("pjrt", dtype, "nearest", 2, torch.channels_last)
+        assert type(pjrt[0]) is type(cpu[0]) and pjrt[1] == cpu[1]
+        if isinstance(cpu[0], torch.Tensor):
+            torch.testing.assert_close(pjrt[0], cpu[0], rtol=0, atol=0)

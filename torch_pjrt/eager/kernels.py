@@ -631,8 +631,16 @@ def _is_view(op) -> bool:
 
 
 def _composite_implicit(op) -> bool:
-    """Such ops decompose above autograd; a backend kernel would bypass their gradients."""
-    return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    """Such ops decompose above autograd; a backend kernel would bypass their gradients. The
+    dispatcher's own table decides, not the OpOverload's: torch._decomp adds Python
+    CompositeImplicitAutograd kernels (upsample_nearest*, native_batch_norm) that only the Python
+    dispatcher runs (tracing); eager calls reach the C++ kernels, which have autograd formulas, and
+    without a pjrt kernel went to the boxed fallback (torch's decomposition, without the checks of
+    the op's own kernel: CPU's dtype refusals)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+    except RuntimeError:  # an overload only Python knows (aten.split.default)
+        return op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
 
 
 def _composite_explicit(op) -> bool:
@@ -695,9 +703,11 @@ def register(special: dict) -> None:
         inplace, outs = _variants(op)
         if inplace is not None and inplace not in LOWERINGS and not _composite_implicit(inplace):
             kernels[inplace] = InplaceKernel(inplace, functional)
-        if not lowering.own_gradient and _composite_implicit(op):
+        if not lowering.own_gradient and _composite_implicit(op) or lowering.decomposition is not None:
             # a composite keeps its autograd; its in-place form, where torch does not decompose it
-            # (conj_physical_ reaches a DispatchStub), takes the functional's kernel
+            # (conj_physical_ reaches a DispatchStub), takes the functional's kernel. An entry's
+            # `decomposition` serves eager in place of a kernel (eager/fallback.py: native_batch_norm,
+            # whose schema hides its writes)
             continue
         kernels[op] = functional
         for out in outs:
