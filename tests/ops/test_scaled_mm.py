@@ -210,3 +210,53 @@ def test_compiled_dynamic_rows_run_padded_in_one_executable():
         out = compiled(*_on("pjrt", (a, b, sa, sb)))
         torch.testing.assert_close(out.cpu(), f(a, b, sa, sb), atol=1e-4, rtol=1e-5)
     assert compile_stats()["executables"] == 1
+
+
+# ------------------------------------------------------------------- _scaled_mm_v2
+TW, RW, NO_SWIZZLE = 0, 1, 0  # torch.nn.functional.ScalingType / SwizzleType, as the dispatcher passes them
+
+
+def _v2(name):
+    """(arguments of aten._scaled_mm_v2, keyword arguments) per case; tensors on the CPU."""
+    a, b = operands()
+    sa, sb = torch.tensor([0.5]), torch.tensor([2.0])
+    ra, rb = rowwise_scales(16, 24)
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(2))
+    tw = ([sa], [TW], [NO_SWIZZLE], [sb], [TW], [NO_SWIZZLE])
+    rw = ([ra], [RW], [NO_SWIZZLE], [rb], [RW], [NO_SWIZZLE])
+    return {
+        "tensorwise to bfloat16": ((a, b, *tw, None, torch.bfloat16), {}),
+        "tensorwise, default out": ((a, b, *tw, None, None), {}),
+        "rowwise to float32 with bias": ((a, b, *rw, bias, torch.float32), {}),
+        "contraction_dim [1, 0], fast accumulation": ((a, b, *tw, None, torch.float32, [1, 0]),
+                                                      {"use_fast_accum": True}),
+        # refused (CPU's words through the oracle)
+        "mixed recipes": ((a, b, [sa], [TW], [NO_SWIZZLE], [rb], [RW], [NO_SWIZZLE], None, torch.float32), {}),
+        "block-wise recipe": ((a, b, [sa], [2], [NO_SWIZZLE], [sb], [2], [NO_SWIZZLE], None, torch.float32), {}),
+        "swizzled": ((a, b, [sa], [TW], [1], [sb], [TW], [NO_SWIZZLE], None, torch.float32), {}),
+        "two scales": ((a, b, [sa, sa], [TW, TW], [0, 0], [sb], [TW], [NO_SWIZZLE], None, torch.float32), {}),
+        "row-wise recipe, singleton scales": ((a, b, [sa], [RW], [NO_SWIZZLE], [sb], [RW], [NO_SWIZZLE], None,
+                                               torch.float32), {}),
+    }[name]
+
+
+def _v2_on(device, args):
+    return [[t.to(device) for t in x] if isinstance(x, list) and x and isinstance(x[0], torch.Tensor)
+            else x.to(device) if isinstance(x, torch.Tensor) else x for x in args]
+
+
+@pytest.mark.parametrize("name", ["tensorwise to bfloat16", "tensorwise, default out", "rowwise to float32 with bias",
+                                  "contraction_dim [1, 0], fast accumulation"])
+def test_v2_matches_cpu(name):
+    args, kw = _v2(name)
+    expected = torch.ops.aten._scaled_mm_v2(*args, **kw)
+    with no_fallback():
+        out = torch.ops.aten._scaled_mm_v2(*_v2_on("pjrt", args), **kw)
+    _assert_like_cpu(out, expected)
+
+
+@pytest.mark.parametrize("name", ["mixed recipes", "block-wise recipe", "swizzled", "two scales",
+                                  "row-wise recipe, singleton scales"])
+def test_v2_refusals_raise_as_on_cpu(name):
+    args, kw = _v2(name)
+    assert_raises_like_cpu(lambda d: torch.ops.aten._scaled_mm_v2(*_v2_on(d, args), **kw), name)

@@ -688,7 +688,8 @@ def contraction(run, node, args, kwargs, lay):
     args = list(args)
     args[first], args[first + 1] = a, b
     out = run(args, kwargs)
-    if op in (aten.mm.default, aten.addmm.default, aten._int_mm.default, aten._scaled_mm.default):
+    if op in (aten.mm.default, aten.addmm.default, aten._int_mm.default, aten._scaled_mm.default,
+              aten._scaled_mm_v2.default):
         layout = (la[0], lb[1])
     elif op in (aten.bmm.default, aten.baddbmm.default):
         layout = (merge([la[0], lb[0]]), la[1], lb[2])

@@ -9,7 +9,8 @@ graph interpreter) rather than in the op table.
 `aten._scaled_mm` is the float8 matmul with scales, computed as CPU torch computes it
 (ScaledBlas.cpp's emulation): each float8 operand widened to float32 and multiplied by its
 scale, one float32 dot, bias, and the cast. This is also the pattern XLA's GPU compiler
-rewrites into a native float8 GEMM, so one lowering serves both.
+rewrites into a native float8 GEMM, so one lowering serves both. `aten._scaled_mm_v2` (scales as
+lists, their recipes named) is the same product for the recipes CPU computes.
 """
 from __future__ import annotations
 
@@ -115,6 +116,31 @@ def _scaled_mm(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     if scale_result is not None and out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         out = out * (np.float32(1) / scale_result.reshape(()))
     return convert(out, result)
+
+
+# _scaled_mm_v2's recipes (torch.nn.functional.ScalingType) and swizzle (SwizzleType) as the
+# dispatcher passes them
+TENSOR_WISE, ROW_WISE, NO_SWIZZLE = 0, 1, 0
+
+
+@lowering(aten._scaled_mm_v2.default, padding=Padding("contraction"))
+def _scaled_mm_v2(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None,
+                  out_dtype=None, contraction_dim=(), use_fast_accum=False):
+    """_scaled_mm with each operand's scales as a list and their recipe named. CPU torch
+    computes one tensor-wise or one row-wise scale per operand (both the same recipe), without
+    swizzle, as _scaled_mm; anything else it refuses, and the oracle (eager/errors.py) raises its
+    words for what this lowering refuses."""
+    recipes = (tuple(recipe_a), tuple(recipe_b))
+    if (len(scale_a), len(scale_b)) != (1, 1) or recipes not in (((TENSOR_WISE,),) * 2, ((ROW_WISE,),) * 2):
+        raise ValueError(f"_scaled_mm_v2: scale recipes {recipes} with {len(scale_a)} and {len(scale_b)} scales")
+    if any(s != NO_SWIZZLE for s in (*swizzle_a, *swizzle_b)):
+        raise ValueError("_scaled_mm_v2: swizzled scales")
+    if tuple(contraction_dim) not in ((), (1, 0)):
+        raise ValueError(f"_scaled_mm_v2: contraction_dim {list(contraction_dim)}")
+    # the scales' shapes must be the recipe's (singletons and row-wise shapes are both valid for v1)
+    if _scaled_mm_scaling(self, mat2, scale_a[0], scale_b[0]) != ("tensorwise", "rowwise")[recipe_a[0]]:
+        raise ValueError(f"_scaled_mm_v2: scales of shapes {scale_a[0].shape} and {scale_b[0].shape} for recipe {recipes}")
+    return _scaled_mm(self, mat2, scale_a[0], scale_b[0], bias, None, out_dtype, use_fast_accum)
 
 
 def out_dtype_lowering(op, output_dtype, *args):
