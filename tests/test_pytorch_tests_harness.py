@@ -133,3 +133,13 @@ def test_a_plugin_that_does_not_import_is_reported_not_rated(tmp_path, monkeypat
     assert "Failed to load the backend extension: pjrt" in result["collection_error"]
     assert "| test_tiny | did not import: RuntimeError: Failed to load the backend extension" in (
         tmp_path / "out.md").read_text()
+
+
+def test_a_convention_may_name_its_tests_and_unknown_device_skips_are_restricted():
+    uint8 = {"test": "test_nn.py::TestNNDeviceTypePRIVATEUSE1::test_upsamplingBiMode2d_nonsupported_dtypes_antialias_"
+                     "False_num_channels_3_mode_bilinear_uint8_pjrt_uint8", "outcome": "failed",
+             "message": "AssertionError: RuntimeError not raised"}
+    assert pytorch_tests._by_convention(uint8)
+    # the same message from another test is a failure
+    assert pytorch_tests._by_convention({**uint8, "test": uint8["test"].replace("bilinear_uint8", "nearest_int8")}) is None
+    assert pytorch_tests._device_restricted({"outcome": "skipped", "message": "('x.py', 1, 'Skipped: Unknown device type')"})
