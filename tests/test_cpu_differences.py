@@ -1235,6 +1235,13 @@ FILL_VALUE_ERRORS = {
     "masked_fill_ no element selected": lambda d: torch.zeros(2, dtype=torch.int8, device=d).masked_fill_(
         torch.tensor([False, False], device=d), 300),
     "scalar_tensor": lambda d: torch.scalar_tensor(300, dtype=torch.int8, device=d),
+    # index_fill_ wrote 44 and inf; it checks a complex value first, in its own words
+    "index_fill_ int8 300": lambda d: torch.zeros(3, dtype=torch.int8, device=d).index_fill_(
+        0, torch.tensor([1], device=d), 300),
+    "index_fill float16 1e6": lambda d: torch.zeros(3, dtype=torch.float16, device=d).index_fill(
+        0, torch.tensor([1], device=d), 1e6),
+    "index_fill_ int8 complex": lambda d: torch.zeros(3, dtype=torch.int8, device=d).index_fill_(
+        0, torch.tensor([1], device=d), 1 + 2j),
 }
 
 
@@ -1259,7 +1266,10 @@ def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
     lambda d: torch.zeros(2, dtype=torch.bool, device=d).fill_(5),
     lambda d: torch.zeros(2, device=d).masked_fill(torch.tensor([True, False], device=d), 2 + 0j),
     lambda d: torch.full((2,), 7, device=d),
-], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred"])
+    lambda d: torch.zeros(3, dtype=torch.uint8, device=d).index_fill_(0, torch.tensor([1], device=d), -1),
+    lambda d: torch.zeros(3, dtype=torch.complex64, device=d).index_fill(0, torch.tensor([1], device=d), 1 + 2j),
+], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred",
+        "index_fill_ uint8 -1", "index_fill complex"])
 def test_a_fill_value_cpu_accepts(call):
     _same_as_cpu(call)
 

@@ -408,10 +408,11 @@ def _traced_call(call: OpCall, *values):
 
 
 def _fits_as_cpu(op, name: str):
-    """An `in_range` for an entry's `scalar_fits`: the Scalar `name` converted to the result's dtype
-    (the `dtype` argument, else the first tensor's, else the value's own) as CPU converts it, which
-    raises CPU's error ("value cannot be converted to type int8_t without overflow"). The C++ fast
-    path checks the same way (FastKernel::check_scalar_fits)."""
+    """An `in_range` for an entry's `scalar_fits`: whether the Scalar `name` converts to the result's
+    dtype (the `dtype` argument, else the first tensor's, else the value's own) as CPU converts it
+    ("value cannot be converted to type int8_t without overflow"); where not, CPU names the error
+    for the whole call (index_fill checks a complex value first, in its own words). The C++ fast
+    path checks the same way (FastKernel::scalar_fits) and leaves such a call to this kernel."""
     arguments = op._schema.arguments
     names = [a.name for a in arguments]
     value_at, dtype_at = names.index(name), names.index("dtype") if "dtype" in names else None
@@ -423,7 +424,10 @@ def _fits_as_cpu(op, name: str):
             dtype = values[dtype_at] if dtype_at is not None else None
             if dtype is None and tensor_at is not None:
                 dtype = values[tensor_at].dtype
-            torch.full((0,), value, dtype=dtype)
+            try:
+                torch.full((0,), value, dtype=dtype)
+            except RuntimeError:
+                return False
         return True
 
     return fits

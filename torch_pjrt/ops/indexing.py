@@ -501,7 +501,7 @@ def _index_fill(self, dim, index, value):
     return jnp.where(hit, cast(value, self.dtype), x).reshape(self.shape)
 
 
-@lowering(aten.index_fill.int_Scalar,
+@lowering(aten.index_fill.int_Scalar, scalar_fits="value",
           index_probes=probes.along_dim(IndexError, probes.OUT_OF_BOUNDS, negative_ok=True))
 def index_fill(self, dim, index, value):
     return _index_fill(self, dim, index, value)

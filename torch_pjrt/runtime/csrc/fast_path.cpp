@@ -318,7 +318,9 @@ class FastKernel : public c10::OperatorKernel {
       }
       // a factory on another device than pjrt:0 commits its outputs there (fused.Recordable.on)
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
-      if (checked_scalar_ >= 0) check_scalar_fits(args);
+      // a value CPU would not convert: the Python kernel lets CPU name the error (index_fill checks
+      // a complex value first, in its own words)
+      if (checked_scalar_ >= 0 && !scalar_fits(args)) return slow(op, stack, n);
       // an in-place op reading its own storage through another argument: CPU refuses some of these
       // (partial overlaps; the same tensor for ops other than elementwise ones); the Python kernel checks
       if (store_ && reads_written_storage(args)) return slow(op, stack, n);
@@ -493,19 +495,24 @@ class FastKernel : public c10::OperatorKernel {
   // The checked Scalar converted to the result's dtype (the dtype argument, else the first tensor's,
   // else the value's own) by CPU's own `full`, which raises CPU's error for a value that does not
   // fit ("value cannot be converted to type int8_t without overflow"); as eager/kernels._fits_as_cpu.
-  void check_scalar_fits(c10::ArrayRef<c10::IValue> args) const {
+  bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
     const c10::IValue& value = args[checked_scalar_];
-    if (!value.isScalar()) return;
+    if (!value.isScalar()) return true;
     const c10::Scalar scalar = value.toScalar();
     // 0..127 fits every dtype (torch.ones' fill_(1)): no CPU tensor for the common values
-    if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) return;
+    if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) return true;
     c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
     if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
       options = options.dtype(args[dtype_at_].toScalarType());
     } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
       options = options.dtype(args[tensor_at_].toTensor().scalar_type());
     }
-    at::full({0}, scalar, options);
+    try {
+      at::full({0}, scalar, options);
+    } catch (const c10::Error&) {
+      return false;
+    }
+    return true;
   }
 
   // Whether an argument after self (an in-place op's written tensor) is, or holds, a tensor over
@@ -736,7 +743,7 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
-  int checked_scalar_ = -1, dtype_at_ = -1, tensor_at_ = -1;  // check_scalar_fits' arguments (-1: none)
+  int checked_scalar_ = -1, dtype_at_ = -1, tensor_at_ = -1;  // scalar_fits' arguments (-1: none)
   bool described_;  // see the constructor
   bool checked_;
   bool grows_;
