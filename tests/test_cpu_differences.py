@@ -1242,6 +1242,22 @@ FILL_VALUE_ERRORS = {
         0, torch.tensor([1], device=d), 1e6),
     "index_fill_ int8 complex": lambda d: torch.zeros(3, dtype=torch.int8, device=d).index_fill_(
         0, torch.tensor([1], device=d), 1 + 2j),
+    # other Scalars CPU converts to the result's dtype (they wrote 44 or inf, or clamped nothing)
+    "scatter value": lambda d: torch.zeros(3, dtype=torch.int8, device=d).scatter(0, torch.tensor([1], device=d), 300),
+    "scatter_ value float16": lambda d: torch.zeros(3, dtype=torch.float16, device=d).scatter_(
+        0, torch.tensor([1], device=d), 1e6),
+    "scatter_ value reduce": lambda d: torch.zeros(3, dtype=torch.int8, device=d).scatter_(
+        0, torch.tensor([1], device=d), 300, reduce="add"),
+    "add alpha": lambda d: torch.ones(2, dtype=torch.int8, device=d).add(torch.ones(2, dtype=torch.int8, device=d),
+                                                                         alpha=300),
+    "sub_ alpha float16": lambda d: torch.ones(2, dtype=torch.float16, device=d).sub_(
+        torch.ones(2, dtype=torch.float16, device=d), alpha=1e6),
+    "addcmul value": lambda d: torch.ones(2, dtype=torch.int8, device=d).addcmul(
+        torch.ones(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), value=300),
+    "clamp min and max": lambda d: torch.ones(2, dtype=torch.int8, device=d).clamp(-300, 300),
+    "clamp_max": lambda d: torch.ones(2, dtype=torch.int8, device=d).clamp_max(1000),
+    "index_add alpha": lambda d: torch.zeros(3, dtype=torch.int8, device=d).index_add(
+        0, torch.tensor([1], device=d), torch.ones(1, dtype=torch.int8, device=d), alpha=300),
 }
 
 
@@ -1268,8 +1284,16 @@ def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
     lambda d: torch.full((2,), 7, device=d),
     lambda d: torch.zeros(3, dtype=torch.uint8, device=d).index_fill_(0, torch.tensor([1], device=d), -1),
     lambda d: torch.zeros(3, dtype=torch.complex64, device=d).index_fill(0, torch.tensor([1], device=d), 1 + 2j),
+    # the check converts to self's dtype; CPU to the promoted one: a value that only the promoted
+    # dtype holds asks CPU, which computes
+    lambda d: torch.tensor([1, -2, 3], dtype=torch.int8, device=d).clamp(min=-1e10),
+    lambda d: torch.tensor([1, -2, 3], dtype=torch.int8, device=d).add(torch.ones(3, device=d), alpha=300),
+    lambda d: torch.ones(3, dtype=torch.uint8, device=d).sub(torch.ones(3, dtype=torch.uint8, device=d), alpha=-1),
+    lambda d: torch.ones(3, device=d).add_(torch.ones(3, device=d), alpha=-1e-3),
+    lambda d: torch.tensor([float("nan"), 1.0, float("inf")], dtype=torch.float16, device=d).nan_to_num(1e6),
 ], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred",
-        "index_fill_ uint8 -1", "index_fill complex"])
+        "index_fill_ uint8 -1", "index_fill complex", "clamp int8 float min", "add int8 float alpha 300",
+        "sub uint8 alpha -1", "add_ float alpha", "nan_to_num float16 replacement rounds to inf"])
 def test_a_fill_value_cpu_accepts(call):
     _same_as_cpu(call)
 

@@ -407,27 +407,29 @@ def _traced_call(call: OpCall, *values):
     return storage.laid_out(call.lower(*values), meta)
 
 
-def _fits_as_cpu(op, name: str):
-    """An `in_range` for an entry's `scalar_fits`: whether the Scalar `name` converts to the result's
+def _fits_as_cpu(op, names: tuple):
+    """An `in_range` for an entry's `scalar_fits`: whether each named Scalar converts to the result's
     dtype (the `dtype` argument, else the first tensor's, else the value's own) as CPU converts it
-    ("value cannot be converted to type int8_t without overflow"); where not, CPU names the error
-    for the whole call (index_fill checks a complex value first, in its own words). The C++ fast
-    path checks the same way (FastKernel::scalar_fits) and leaves such a call to this kernel."""
+    ("value cannot be converted to type int8_t without overflow"); where one does not, CPU names
+    the error for the whole call (index_fill checks a complex value first, in its own words). The
+    C++ fast path checks the same way (FastKernel::scalar_fits) and leaves such a call to this kernel."""
     arguments = op._schema.arguments
-    names = [a.name for a in arguments]
-    value_at, dtype_at = names.index(name), names.index("dtype") if "dtype" in names else None
+    at = [a.name for a in arguments]
+    value_at = [at.index(name) for name in names if name in at]  # (an entry's other overloads may lack one)
+    dtype_at = at.index("dtype") if "dtype" in at else None
     tensor_at = next((i for i, a in enumerate(arguments) if str(a.type) == "Tensor"), None)
 
     def fits(values) -> bool:
-        value = values[value_at]
-        if isinstance(value, (bool, int, float, complex)):
-            dtype = values[dtype_at] if dtype_at is not None else None
-            if dtype is None and tensor_at is not None:
-                dtype = values[tensor_at].dtype
-            try:
-                torch.full((0,), value, dtype=dtype)
-            except RuntimeError:
-                return False
+        for i in value_at:
+            value = values[i]
+            if isinstance(value, (bool, int, float, complex)):
+                dtype = values[dtype_at] if dtype_at is not None else None
+                if dtype is None and tensor_at is not None:
+                    dtype = values[tensor_at].dtype
+                try:
+                    torch.full((0,), value, dtype=dtype)
+                except RuntimeError:
+                    return False
         return True
 
     return fits

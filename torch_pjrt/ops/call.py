@@ -76,7 +76,7 @@ def _resolve(v):
 
 # How the C++ fast path (runtime/csrc/fast_path.cpp, FastKernel) passes each argument to the executable.
 FAST_TENSOR, FAST_SCALAR, FAST_TENSOR_LIST, FAST_SCALAR_LIST = 0, 1, 6, 7
-FAST_CHECKED_SCALAR = 9  # a Scalar whose value must fit the result's dtype (the entry's `scalar_fits`)
+FAST_CHECKED_SCALAR = 9  # a Scalar whose value must fit the result's dtype (in the entry's `scalar_fits`)
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
                 "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "Scalar": 2, "ScalarType": 3, "Layout": 4,
                 "MemoryFormat": 5, "Device": 8}
@@ -202,7 +202,7 @@ class OpCall:
             elif kind == SCALAR_LIST:
                 plan.append(FAST_SCALAR_LIST)
             elif i in self.scalars:
-                plan.append(FAST_CHECKED_SCALAR if arg.name == lowering.scalar_fits else FAST_SCALAR)
+                plan.append(FAST_CHECKED_SCALAR if arg.name in lowering.scalar_fits else FAST_SCALAR)
             else:
                 fast = _FAST_STATIC.get(_without_optional(str(arg.real_type)))
                 if fast is None:

@@ -165,7 +165,7 @@ def _scaled(b, alpha, common):
     return prod
 
 
-@lowering(aten.add.Tensor, aten.add.Scalar)
+@lowering(aten.add.Tensor, aten.add.Scalar, scalar_fits="alpha")
 def add(self, other, alpha=1):
     common = dtypes(self, other)[0]
     _check_alpha(common, alpha)
@@ -186,7 +186,7 @@ def _no_bool_subtraction(*operands):
         )
 
 
-@lowering(aten.sub.Tensor, aten.sub.Scalar)
+@lowering(aten.sub.Tensor, aten.sub.Scalar, scalar_fits="alpha")
 def sub(self, other, alpha=1):
     common = dtypes(self, other)[0]
     _no_bool_subtraction(self, other)
@@ -194,7 +194,7 @@ def sub(self, other, alpha=1):
     return pointwise(lambda a, b, alpha: a - _scaled(b, alpha, common), self, other, scalars=(alpha,))
 
 
-@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar, scalar_fits="alpha")
 def rsub(self, other, alpha=1):
     common = dtypes(self, other)[0]
     _no_bool_subtraction(self, other)
@@ -466,13 +466,13 @@ def lerp_Scalar(self, end, weight):
     return pointwise(_lerp, self, end, name="lerp", allowed="fc", scalars=(weight,))
 
 
-@lowering(aten.addcmul.default)
+@lowering(aten.addcmul.default, scalar_fits="value")
 def addcmul(self, tensor1, tensor2, *, value=1):
     return pointwise(lambda s, a, b, v: s + v * a * b, self, tensor1, tensor2,
                      name="addcmul", allowed="uifc", scalars=(value,))
 
 
-@lowering(aten.addcdiv.default)
+@lowering(aten.addcdiv.default, scalar_fits="value")
 def addcdiv(self, tensor1, tensor2, *, value=1):
     if category(dtypes(tensor1, tensor2)[0]) in "bui":
         raise RuntimeError(
@@ -509,11 +509,11 @@ def _clamp_lowering(name, allowed):
     return fn
 
 
-clamp = lowering(aten.clamp.default)(_clamp_lowering("clamp", "uif"))
+clamp = lowering(aten.clamp.default, scalar_fits=("min", "max"))(_clamp_lowering("clamp", "uif"))
 clamp_Tensor = lowering(aten.clamp.Tensor)(_clamp_lowering("clamp_Tensor", "buif"))
 
 
-@lowering(aten.clamp_min.default)
+@lowering(aten.clamp_min.default, scalar_fits="min")
 def clamp_min(self, min):
     return pointwise(lambda x, lo: _clamp(x, lo, None), self, min, name="clamp_min", allowed="uif")
 
@@ -523,7 +523,7 @@ def clamp_min_Tensor(self, min):
     return pointwise(lambda x, lo: _clamp(x, lo, None), self, min, name="clamp_min", allowed="buif")
 
 
-@lowering(aten.clamp_max.default)
+@lowering(aten.clamp_max.default, scalar_fits="max")
 def clamp_max(self, max):
     return pointwise(lambda x, hi: _clamp(x, None, hi), self, max, name="clamp_max", allowed="uif")
 
@@ -824,10 +824,12 @@ def logit(self, eps=None):
 @lowering(aten.nan_to_num.default, traced=("nan", "posinf", "neginf"))
 def nan_to_num(self, nan=None, posinf=None, neginf=None):  # the replacements are traced: jnp.where only
     def replace(x):
+        # each element classified as it was: a replacement that rounds to inf (nan=1e6 in float16)
+        # stays inf, as CPU's kernel gives it
         fi = jnp.finfo(x.dtype)
-        x = jnp.where(jnp.isnan(x), jnp.asarray(0.0 if nan is None else nan, x.dtype), x)
-        x = jnp.where(jnp.isposinf(x), jnp.asarray(fi.max if posinf is None else posinf, x.dtype), x)
-        return jnp.where(jnp.isneginf(x), jnp.asarray(fi.min if neginf is None else neginf, x.dtype), x)
+        out = jnp.where(jnp.isnan(x), jnp.asarray(0.0 if nan is None else nan, x.dtype), x)
+        out = jnp.where(jnp.isposinf(x), jnp.asarray(fi.max if posinf is None else posinf, x.dtype), out)
+        return jnp.where(jnp.isneginf(x), jnp.asarray(fi.min if neginf is None else neginf, x.dtype), out)
 
     kind = category(self.dtype)
     if kind == "c":

@@ -368,13 +368,13 @@ def _scatter(self, dim, index, src, reduce=None):
     return out.reshape(self.shape)
 
 
-@lowering(aten.scatter.src, aten.scatter.value, index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
+@lowering(aten.scatter.src, aten.scatter.value, scalar_fits="value", index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter(self, dim, index, src):
     src = src if jnp.ndim(src) else cast(src, self.dtype)
     return _scatter(self, dim, index, src)
 
 
-@lowering(aten.scatter.reduce, aten.scatter.value_reduce,
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce, scalar_fits="value",
           index_probes=probes.along_dim(RuntimeError, probes.OUT_OF_BOUNDS))
 def scatter_reduce_legacy(self, dim, index, src, *, reduce):
     src = src if jnp.ndim(src) else cast(src, self.dtype)
@@ -450,7 +450,7 @@ def index_select(self, dim, index):
     return jnp.take(self, idx, axis=dim, mode="clip")
 
 
-@lowering(aten.index_add.default, index_probes=probes.along_dim(IndexError, probes.IN_SELF))
+@lowering(aten.index_add.default, scalar_fits="alpha", index_probes=probes.along_dim(IndexError, probes.IN_SELF))
 def index_add(self, dim, index, source, *, alpha=1):
     dim, idx = _dim_index(self, dim, index)
     compute, _ = promote(source, alpha)

@@ -164,10 +164,11 @@ class Lowering:
     # eager resizes out without torch's generic "An output with one or more elements was resized"
     # warning (CPU's linspace says nothing; arange warns in its own words, from its `in_range`).
     resizes_out: bool = False
-    # A Scalar argument CPU converts to the result's dtype with an overflow check (fill, full,
-    # masked_fill: "value cannot be converted to type int8_t without overflow"): eager checks each
-    # call's value as CPU does, in the C++ fast path and the Python kernel alike (its value is traced).
-    scalar_fits: str = ""
+    # The Scalar arguments CPU converts to the result's dtype with an overflow check (fill's value,
+    # clamp's min and max, add's alpha: "value cannot be converted to type int8_t without
+    # overflow"): eager checks each call's values as CPU does, in the C++ fast path and the Python
+    # kernel alike (their values are traced), and lets CPU name the error where one does not fit.
+    scalar_fits: tuple = ()
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -179,7 +180,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
              in_range: Callable | None = None, split: dict | None = None,
-             own_gradient: bool = False, resizes_out: bool = False, scalar_fits: str = "") -> Callable:
+             own_gradient: bool = False, resizes_out: bool = False, scalar_fits: str | tuple = ()) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -199,7 +200,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
-                                     tuple(sorted((split or {}).items())), own_gradient, resizes_out, scalar_fits)
+                                     tuple(sorted((split or {}).items())), own_gradient, resizes_out,
+                                     (scalar_fits,) if isinstance(scalar_fits, str) else tuple(scalar_fits))
         return fn
 
     return register

@@ -9,6 +9,9 @@
 // call goes to the op's Python kernel (eager.Kernel), which owns the full semantics.
 #include "bindings.h"
 
+#include <cmath>
+#include <limits>
+
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
@@ -289,7 +292,7 @@ class FastKernel : public c10::OperatorKernel {
         kinds_(std::move(kinds)), described_(described), checked_(checked), grows_(grows), recorder_(recorded_) {
     for (size_t i = 0; i < kinds_.size(); i++) {
       has_operands_ |= kinds_[i] == kTensor || kinds_[i] == kTensorList;
-      if (kinds_[i] == kCheckedScalar) checked_scalar_ = int(i), kinds_[i] = kScalar;
+      if (kinds_[i] == kCheckedScalar) checked_scalars_.push_back(int(i)), kinds_[i] = kScalar;
       if (kinds_[i] == kDtype && dtype_at_ < 0) dtype_at_ = int(i);
       if (kinds_[i] == kTensor && tensor_at_ < 0) tensor_at_ = int(i);
     }
@@ -320,7 +323,7 @@ class FastKernel : public c10::OperatorKernel {
       if (!fast || device < 0 || (device != 0 && !has_operands_)) return slow(op, stack, n);
       // a value CPU would not convert: the Python kernel lets CPU name the error (index_fill checks
       // a complex value first, in its own words)
-      if (checked_scalar_ >= 0 && !scalar_fits(args)) return slow(op, stack, n);
+      if (!checked_scalars_.empty() && !scalar_fits(args)) return slow(op, stack, n);
       // an in-place op reading its own storage through another argument: CPU refuses some of these
       // (partial overlaps; the same tensor for ops other than elementwise ones); the Python kernel checks
       if (store_ && reads_written_storage(args)) return slow(op, stack, n);
@@ -492,25 +495,36 @@ class FastKernel : public c10::OperatorKernel {
     }
   }
 
-  // The checked Scalar converted to the result's dtype (the dtype argument, else the first tensor's,
-  // else the value's own) by CPU's own `full`, which raises CPU's error for a value that does not
-  // fit ("value cannot be converted to type int8_t without overflow"); as eager/kernels._fits_as_cpu.
+  // Whether each checked Scalar converts to the result's dtype (the dtype argument, else the first
+  // tensor's, else the value's own) as CPU's own `full` converts it ("value cannot be converted to
+  // type int8_t without overflow"); as eager/kernels._fits_as_cpu.
   bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
-    const c10::IValue& value = args[checked_scalar_];
-    if (!value.isScalar()) return true;
-    const c10::Scalar scalar = value.toScalar();
-    // 0..127 fits every dtype (torch.ones' fill_(1)): no CPU tensor for the common values
-    if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) return true;
-    c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
-    if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
-      options = options.dtype(args[dtype_at_].toScalarType());
-    } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
-      options = options.dtype(args[tensor_at_].toTensor().scalar_type());
-    }
-    try {
-      at::full({0}, scalar, options);
-    } catch (const c10::Error&) {
-      return false;
+    for (int at : checked_scalars_) {
+      const c10::IValue& value = args[at];
+      if (!value.isScalar()) continue;
+      const c10::Scalar scalar = value.toScalar();
+      // 0..127 fits every dtype (torch.ones' fill_(1), add's alpha): no CPU tensor for the common values
+      if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) continue;
+      // none given: `full` infers it from the value (a float: the default dtype)
+      c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
+      if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
+        options = options.dtype(args[dtype_at_].toScalarType());
+      } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
+        options = options.dtype(args[tensor_at_].toTensor().scalar_type());
+      }
+      // a real number into float32 or float64 (an optimizer's alpha): the range test CPU's makes
+      if (options.has_dtype() && scalar.isFloatingPoint()) {
+        const c10::ScalarType dtype = options.dtype().toScalarType();
+        const double v = scalar.toDouble();
+        if (dtype == at::kDouble || (dtype == at::kFloat && !(std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max()))) {
+          continue;
+        }
+      }
+      try {
+        at::full({0}, scalar, options);
+      } catch (const std::exception&) {  // c10::Error, or c10::report_overflow's std::runtime_error
+        return false;
+      }
     }
     return true;
   }
@@ -743,7 +757,8 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* slow_;  // the op's Python kernel
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
-  int checked_scalar_ = -1, dtype_at_ = -1, tensor_at_ = -1;  // scalar_fits' arguments (-1: none)
+  std::vector<int> checked_scalars_;  // scalar_fits' arguments
+  int dtype_at_ = -1, tensor_at_ = -1;  // where scalar_fits finds the result's dtype (-1: none)
   bool described_;  // see the constructor
   bool checked_;
   bool grows_;
