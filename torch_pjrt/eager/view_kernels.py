@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import storage
-
 aten = torch.ops.aten
 _COMPONENT = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
 _COMPLEX = {v: k for k, v in _COMPONENT.items()}
@@ -56,12 +54,6 @@ def as_strided_scatter(self: torch.Tensor, src: torch.Tensor, size, stride, stor
     """CPU's composite: src written through as_strided of a copy of self's whole storage, so
     the offset and strides address storage positions (a view's offset counts), and the result
     keeps self's layout. Storage bounds and overlaps raise in as_strided and copy_, as on CPU."""
-    if src.device.type == "pjrt":
-        # src computed first, in a region of its own: a fused region that computes src, clones the
-        # whole storage and writes src through a strided view of the clone gave wrong elements in
-        # XLA:CPU when src died before the run (an element the write had already updated read
-        # back: 2 * src[1] where src[2] belongs; tests/test_decomposed.py). Not understood yet.
-        storage.read(src)
     output = _clone_preserve_strides(self)
     target = output.as_strided(size, stride, storage_offset)
     if target.shape != src.shape:

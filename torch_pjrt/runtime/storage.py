@@ -670,6 +670,20 @@ def _converter(shape, dtype):
     return Recordable(jax.jit(lambda v: jnp.broadcast_to(astype(jnp.asarray(v), dtype), shape)), name="convert")
 
 
+def _write_box(grid, box, starts):
+    """`box` written into `grid` at `starts`: dynamic_update_slice's result, as a scatter of one
+    window. XLA:CPU (jax 0.10.2) computed dynamic_update_slice on a reshaped grid wrongly when the
+    box's values were read from the same buffer and another output read the result: a duplicated
+    in-place update read elements it had already written (`b[1:9:2] = b[1:5] * 2` in one region
+    gave 4 * b[2] where 2 * b[3] belongs; tests/test_write_overlaps.py)."""
+    dims = tuple(range(grid.ndim))
+    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=tuple(d + 1 for d in dims), inserted_window_dims=(),
+                                              scatter_dims_to_operand_dims=dims)
+    index = jnp.stack([jnp.asarray(start, jnp.int64) for start in starts])[None]
+    return jax.lax.scatter(grid, index, box[None], numbers, indices_are_sorted=True, unique_indices=True,
+                           mode=jax.lax.GatherScatterMode.CLIP)
+
+
 @functools.lru_cache(4096)
 @keyed
 def _writer(size, stride, buf_shape, dtype, donate, block=False):
@@ -695,7 +709,7 @@ def _writer(size, stride, buf_shape, dtype, donate, block=False):
             kept = sorted(d for d, _, _ in dims)  # the view's dims in logical order, size-1 dims dropped
             in_memory_order = jnp.transpose(value.reshape([size[d] for d in kept]),
                                             [kept.index(d) for d, _, _ in dims])
-            flat = jax.lax.dynamic_update_slice(flat.reshape(grid), in_memory_order.reshape(box), starts).reshape(-1)
+            flat = _write_box(flat.reshape(grid), in_memory_order.reshape(box), starts).reshape(-1)
         else:  # strided: scatter to the view's element positions (last write wins, as on CPU)
             flat = flat.at[(_element_indices(size, stride, 0) + offset).reshape(-1)].set(value.reshape(-1))
         return flat.reshape(buf_shape)
