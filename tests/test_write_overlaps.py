@@ -118,3 +118,33 @@ def test_a_strided_write_of_values_read_from_the_same_buffer_in_one_region(how, 
             torch.testing.assert_close(step("pjrt", offset).cpu(), step("cpu", offset), rtol=0, atol=0)
     finally:
         torch_pjrt.set_eager_mode(before)
+
+
+def test_fuzz_block_writes_whose_source_overlaps_them(monkeypatch):
+    """Writes into a block of a buffer seen as a (12, C) grid, `b.view(12, C)[r:r + h, c:c + w] = f(b[s:])`,
+    the source starting at (or one past) the block's first element, then a view of b read in the same
+    region, three offsets per geometry (the first sight runs call by call, the others the compiled
+    region), against CPU. With storage.py's former grid dynamic_update_slice 2 of these 72 cases
+    differed (XLA:CPU, jax 0.10.2)."""
+    import torch_pjrt
+    from torch_pjrt.runtime import executable_store
+
+    monkeypatch.setitem(executable_store._state, "folder", None)
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode("fused")
+    rng = random.Random(0)
+    try:
+        for columns, h, w in itertools.product((2, 3, 4), (1, 2, 3, 4), (1, 2, 3)):
+            if w >= columns:
+                continue
+            for _ in range(3):
+                r, c = rng.randint(0, 12 - h), rng.randint(0, columns - w)
+                s = min(r * columns + c + rng.randint(0, 1), 12 * columns - h * w)
+                results = []
+                for device in ("pjrt", "cpu"):
+                    b = torch.arange(float(12 * columns)).to(device)
+                    b.view(12, columns)[r:r + h, c:c + w] = b[s:s + h * w].view(h, w) * 2 + 1
+                    results.append(b[r * columns:].cpu())
+                torch.testing.assert_close(*results, rtol=0, atol=0, msg=f"grid (12, {columns}), block {h}x{w} at ({r}, {c}), source at {s}")
+    finally:
+        torch_pjrt.set_eager_mode(before)
