@@ -420,12 +420,12 @@ def _fits_as_cpu(op, names: tuple):
     tensor_at = next((i for i, a in enumerate(arguments) if str(a.type) == "Tensor"), None)
 
     def fits(values) -> bool:
+        dtype = values[dtype_at] if dtype_at is not None else None
+        if dtype is None and tensor_at is not None:
+            dtype = values[tensor_at].dtype
         for i in value_at:
             value = values[i]
             if isinstance(value, (bool, int, float, complex)):
-                dtype = values[dtype_at] if dtype_at is not None else None
-                if dtype is None and tensor_at is not None:
-                    dtype = values[tensor_at].dtype
                 try:
                     torch.full((0,), value, dtype=dtype)
                 except RuntimeError:

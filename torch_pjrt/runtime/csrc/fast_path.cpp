@@ -499,19 +499,19 @@ class FastKernel : public c10::OperatorKernel {
   // tensor's, else the value's own) as CPU's own `full` converts it ("value cannot be converted to
   // type int8_t without overflow"); as eager/kernels._fits_as_cpu.
   bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
+    // none given: `full` infers it from the value (a float: the default dtype)
+    c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
+    if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
+      options = options.dtype(args[dtype_at_].toScalarType());
+    } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
+      options = options.dtype(args[tensor_at_].toTensor().scalar_type());
+    }
     for (int at : checked_scalars_) {
       const c10::IValue& value = args[at];
       if (!value.isScalar()) continue;
       const c10::Scalar scalar = value.toScalar();
       // 0..127 fits every dtype (torch.ones' fill_(1), add's alpha): no CPU tensor for the common values
       if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) continue;
-      // none given: `full` infers it from the value (a float: the default dtype)
-      c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
-      if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
-        options = options.dtype(args[dtype_at_].toScalarType());
-      } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
-        options = options.dtype(args[tensor_at_].toTensor().scalar_type());
-      }
       // a real number into float32 or float64 (an optimizer's alpha): the range test CPU's makes
       if (options.has_dtype() && scalar.isFloatingPoint()) {
         const c10::ScalarType dtype = options.dtype().toScalarType();
