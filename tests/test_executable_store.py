@@ -237,3 +237,31 @@ def test_programs_with_custom_calls_run_in_every_process(tmp_path):
         run = json.loads(out.stdout.split("RESULT")[-1])
         for g, e in zip(run["got"], run["expected"]):
             torch.testing.assert_close(torch.tensor(g), torch.tensor(e))
+
+
+# cumsum of a bool tensor: ops/cpu_refused_dtypes.json lists bool for cumsum (CPU refuses
+# cumsum(bool, dtype=bool)); CPU's call accepts this one, in the first process. The second process
+# reads the op's executable from the store and never traces it alone, and its region is new (it
+# ends in another op): the region's trace is the op's first, and must not refuse what the store's
+# entry says was accepted.
+ACCEPTED_IN_AN_EARLIER_PROCESS = textwrap.dedent("""
+    import json, sys
+    import torch, torch_pjrt
+    def step(device):
+        out = []
+        for i in range(3):
+            first = torch.arange(12, device=device).view(3, 4) % (i + 2) != 0
+            rank = torch.cumsum(first, 1)
+            out.append((rank - 1 if sys.argv[1] == "minus" else rank * 2).tolist())
+        return out
+    print("RESULT" + json.dumps({"got": step("pjrt"), "expected": step("cpu")}))
+""")
+
+
+def test_a_call_an_earlier_process_accepted_is_not_refused_when_its_region_compiles(tmp_path):
+    for variant in ("minus", "times"):
+        out = subprocess.run([sys.executable, "-c", ACCEPTED_IN_AN_EARLIER_PROCESS, variant], env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=300)
+        assert "RESULT" in out.stdout, out.stderr[-3000:]
+        run = json.loads(out.stdout.split("RESULT")[-1])
+        assert run["got"] == run["expected"]

@@ -804,7 +804,19 @@ def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
         if run is not None:
             env.extend(jax.tree_util.tree_leaves(run(*dynamic)))
             return
-    env.extend(jax.tree_util.tree_leaves(rec.fn(*_merge(rec, statics, dynamic))))
+    outer, _here.replaying = replaying(), True
+    try:
+        env.extend(jax.tree_util.tree_leaves(rec.fn(*_merge(rec, statics, dynamic))))
+    finally:
+        _here.replaying = outer
+
+
+def replaying() -> bool:
+    """Whether this thread traces a recorded call again (into its region's program, or on its own).
+    Its kind of call was accepted when it was recorded: by its own first trace in this process, or
+    by an earlier process whose executable the store held (then this trace is its first here), so
+    a trace now wants the meta kernel's layout, not its verdict (errors.meta_check)."""
+    return getattr(_here, "replaying", False)
 
 
 def _memo_key(rec, statics, treedef, leaves) -> tuple:
