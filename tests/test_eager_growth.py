@@ -325,3 +325,32 @@ def test_sliding_window_generate_equals_cpu():
     ids = torch.randint(1, 500, (1, 12), generator=torch.Generator().manual_seed(1))
     kw = dict(do_sample=False, pad_token_id=0, max_new_tokens=24, min_new_tokens=24)
     assert torch.equal(dev.generate(ids.to("pjrt"), **kw).cpu(), cpu.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("pattern", ["piece from the cache", "piece from two cache rows", "old cache read after"])
+def test_appends_whose_piece_reads_the_cache_in_compiled_regions_equal_cpu(pattern):
+    """An append writes into the padded array in place (a dynamic_update_slice); its piece read
+    from the same array, and other readers of it in the same compiled region, are the pattern
+    XLA:CPU miscompiled for block writes (docs/conformance-notes.md): each step's values equal CPU's."""
+    def steps(device):
+        g = torch.Generator().manual_seed(0)
+        k = torch.randn(1, 2, 4, 8, generator=g).to(device)
+        q = torch.randn(1, 2, 1, 8, generator=g).to(device)
+        out = []
+        for i in range(30):
+            old = k
+            piece = k.narrow(2, 1, 1) - k.narrow(2, 0, 1) if pattern == "piece from two cache rows" else \
+                k.narrow(2, 0, 1) * 0.5 + 0.1
+            k = torch.cat([k, piece], dim=2)
+            parts = [F.scaled_dot_product_attention(q, k, k).flatten(), k.narrow(2, 1, 2).sum().reshape(1)]
+            if pattern == "old cache read after":
+                parts += [F.scaled_dot_product_attention(q, old, old).flatten(), (old.narrow(2, 0, 3) * 3).flatten()]
+            del old
+            out.append(torch.cat(parts).cpu())  # one region a step, the same structure per capacity
+        return torch.cat([*out, k.cpu().flatten()])
+
+    torch_pjrt.reset_eager_stats()
+    expected, got = steps("cpu"), steps("pjrt")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    ran = [r["executable"] for r in torch_pjrt.eager_stats()["fused"]["recent_regions"]]
+    assert ran.count("cached") >= 10, ran
