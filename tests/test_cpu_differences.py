@@ -792,6 +792,14 @@ REPEATS_ERRORS = {
                                                                torch.tensor([1.0, 2.0], device=d), dim=0),
     "2-D repeats of self": lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d),
                                                              torch.tensor([[1, 2]], device=d), dim=0),
+    # an output_size that is not the repeats' sum: CPU raises "allocated size does not match required size",
+    # pjrt padded with the last index or cut the result (jnp.repeat's total_repeat_length), silently
+    "output_size past the sum": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d), output_size=5),
+    "output_size short of the sum": lambda d: torch.repeat_interleave(torch.tensor([1, 2], device=d), output_size=2),
+    "output_size of self": lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d),
+                                                             torch.tensor([1, 2], device=d), dim=1, output_size=4),
+    "output_size of self, one count": lambda d: torch.repeat_interleave(torch.tensor([5.0, 6.0], device=d),
+                                                                        torch.tensor([2], device=d), output_size=3),
 }
 
 
@@ -806,6 +814,22 @@ def test_repeat_interleave_of_valid_repeats_as_on_cpu():
     _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d), torch.tensor([1, 2], device=d),
                                                    dim=1))
     _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d), torch.tensor(2, device=d)))
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor(_MATRIX, device=d), torch.tensor([1, 2], device=d),
+                                                   dim=0, output_size=3))
+    # CPU skips the output_size check where there is nothing to repeat
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor([], dtype=torch.int64, device=d), output_size=5))
+    _same_as_cpu(lambda d: torch.repeat_interleave(torch.ones(0, 3, device=d), torch.tensor([2], device=d),
+                                                   dim=0, output_size=4))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("output_size", [None, 3])
+def test_repeat_interleave_of_repeats_alone_keeps_their_dtype(dtype, output_size):
+    # CPU's indices are of the repeats' dtype; pjrt's were int64 for int32 repeats
+    expected = torch.repeat_interleave(torch.tensor([1, 2], dtype=dtype), output_size=output_size)
+    actual = torch.repeat_interleave(torch.tensor([1, 2], dtype=dtype, device="pjrt"), output_size=output_size)
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- new_empty_strided's strides

@@ -146,32 +146,36 @@ def repeat(self, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
-def _check_repeats(repeats) -> None:
-    """CPU's checks of a repeats tensor (concrete here: jit=False); eager's oracle raises CPU's
-    exact error. jnp.repeat flattens a 2-D repeats, truncates float ones and treats a negative
-    count as 0."""
+def _checked_total(repeats, output_size) -> int:
+    """The result's length for a 1-D repeats tensor (concrete here: jit=False), after CPU's checks
+    of it; a refusal is a ValueError, for which eager's oracle raises CPU's exact error. jnp.repeat
+    flattens a 2-D repeats, truncates float ones, treats a negative count as 0, and pads or cuts to
+    an `output_size` that is not the repeats' sum, where CPU raises ("allocated size does not match
+    required size"; CPU skips that check for an empty repeats, whose result is empty)."""
     if repeats.ndim > 1 or not jnp.issubdtype(repeats.dtype, jnp.integer) or bool(jnp.any(repeats < 0)):
         raise ValueError("repeat_interleave: repeats CPU refuses")
+    total = int(jnp.sum(repeats))
+    if output_size is not None and repeats.size and output_size != total:
+        raise ValueError(f"repeat_interleave: output_size {output_size}, repeats sum to {total}")
+    return total
 
 
 @lowering(aten.repeat_interleave.Tensor, jit=False)
 def repeat_interleave(repeats, *, output_size=None):
-    _check_repeats(repeats)
-    repeats = repeats.reshape(-1).astype(INT64)
-    total = int(jnp.sum(repeats)) if output_size is None else output_size
-    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=INT64), repeats, total_repeat_length=total)
+    """The indices of `repeats`' entries, each repeated that many times, in repeats' dtype (int32
+    or int64, as CPU's result)."""
+    total = _checked_total(repeats, output_size)
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats.astype(INT64), total_repeat_length=total)
 
 
 @lowering(aten.repeat_interleave.self_Tensor, jit=False)
 def repeat_interleave_self_tensor(self, repeats, dim=None, *, output_size=None):
     x, dim = (self.reshape(-1), 0) if dim is None else (self, wrap_dim(dim, self.ndim))
     x = x.reshape(1) if x.ndim == 0 else x
-    _check_repeats(repeats)
-    repeats = repeats.reshape(-1).astype(INT64)
-    if repeats.shape[0] == 1:
-        repeats = jnp.broadcast_to(repeats, (x.shape[dim],))
-    total = int(jnp.sum(repeats)) if output_size is None else output_size
-    return jnp.repeat(x, repeats, axis=dim, total_repeat_length=total)
+    if repeats.ndim <= 1 and repeats.size == 1:  # CPU expands a single count over the dim first
+        repeats = jnp.broadcast_to(repeats.reshape(1), (x.shape[dim],))
+    total = _checked_total(repeats, output_size)
+    return jnp.repeat(x, repeats.reshape(-1).astype(INT64), axis=dim, total_repeat_length=total)
 
 
 @lowering(aten.repeat_interleave.self_int)
