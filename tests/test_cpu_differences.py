@@ -800,6 +800,12 @@ REPEATS_ERRORS = {
                                                              torch.tensor([1, 2], device=d), dim=1, output_size=4),
     "output_size of self, one count": lambda d: torch.repeat_interleave(torch.tensor([5.0, 6.0], device=d),
                                                                         torch.tensor([2], device=d), output_size=3),
+    # CPU has kernels for int32 and int64 counts only; pjrt took int16 and uint8 ones
+    "int16 repeats": lambda d: torch.repeat_interleave(torch.tensor([1, 2], dtype=torch.int16, device=d)),
+    "uint8 repeats of self": lambda d: torch.repeat_interleave(torch.tensor([5.0, 6.0], device=d),
+                                                               torch.tensor([1, 2], dtype=torch.uint8, device=d)),
+    "negative repeats, too few of them": lambda d: torch.repeat_interleave(
+        torch.ones(3, device=d), torch.tensor([3, -1], device=d), output_size=2),
 }
 
 
@@ -820,6 +826,18 @@ def test_repeat_interleave_of_valid_repeats_as_on_cpu():
     _same_as_cpu(lambda d: torch.repeat_interleave(torch.tensor([], dtype=torch.int64, device=d), output_size=5))
     _same_as_cpu(lambda d: torch.repeat_interleave(torch.ones(0, 3, device=d), torch.tensor([2], device=d),
                                                    dim=0, output_size=4))
+
+
+@pytest.mark.parametrize("repeats, output_size", [([1, -1], 0), ([3, -1], 2), ([0, 2, -2, 1], 1)])
+def test_repeat_interleave_refuses_negative_repeats_of_the_output_size(repeats, output_size):
+    # CPU's words, not CPU's call: given an output_size equal to the counts' sum, CPU's kernel writes the
+    # counts before the negative one past its result (repeat_interleave(tensor([1, -1]), output_size=0)
+    # crashes CPU torch), and pjrt asked CPU for the error, so it crashed too
+    with pytest.raises(RuntimeError, match="^repeats can not be negative$"):
+        torch.repeat_interleave(torch.tensor(repeats, device="pjrt"), output_size=output_size)
+    with pytest.raises(RuntimeError, match="^repeats can not be negative$"):
+        torch.repeat_interleave(torch.ones(len(repeats), device="pjrt"), torch.tensor(repeats, device="pjrt"),
+                                output_size=output_size)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
@@ -1282,6 +1300,13 @@ FILL_VALUE_ERRORS = {
     "clamp_max": lambda d: torch.ones(2, dtype=torch.int8, device=d).clamp_max(1000),
     "index_add alpha": lambda d: torch.zeros(3, dtype=torch.int8, device=d).index_add(
         0, torch.tensor([1], device=d), torch.ones(1, dtype=torch.int8, device=d), alpha=300),
+    # hardtanh's bounds are static (its meta kernel checks them): float16 took 1e6 and clamped nothing
+    "hardtanh float16 bounds": lambda d: torch.nn.functional.hardtanh(
+        torch.tensor([1.0, 5.0], dtype=torch.float16, device=d), -1e6, 1e6),
+    "hardtanh float32 bounds": lambda d: torch.nn.functional.hardtanh(torch.ones(2, device=d), -1e300, 1e300),
+    "threshold int8": lambda d: torch.threshold(torch.tensor([1, 5], dtype=torch.int8, device=d), 300, 2),
+    "pow int8 exponent": lambda d: torch.pow(torch.tensor([2], dtype=torch.int8, device=d), 300),
+    "pow float16 exponent": lambda d: torch.pow(torch.tensor([2.0], dtype=torch.float16, device=d), 1e6),
 }
 
 
@@ -1315,9 +1340,19 @@ def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
     lambda d: torch.ones(3, dtype=torch.uint8, device=d).sub(torch.ones(3, dtype=torch.uint8, device=d), alpha=-1),
     lambda d: torch.ones(3, device=d).add_(torch.ones(3, device=d), alpha=-1e-3),
     lambda d: torch.tensor([float("nan"), 1.0, float("inf")], dtype=torch.float16, device=d).nan_to_num(1e6),
+    # CPU's threshold compares half in float, pow(int8, float) computes in float: they accept
+    lambda d: torch.threshold(torch.tensor([1.0, 2.0], dtype=torch.float16, device=d), 1e6, 0),
+    lambda d: torch.pow(torch.tensor([2, 3], dtype=torch.int8, device=d), 300.5),
+    lambda d: torch.nn.functional.hardtanh(torch.tensor([1.0, 5.0], dtype=torch.bfloat16, device=d), -1e6, 1e6),
+    # uint64 values beyond int64 (no weakly typed JAX scalar holds them): the lowering failed
+    lambda d: torch.full((2,), 2 ** 63 + 5, dtype=torch.uint64, device=d),
+    lambda d: torch.zeros(2, dtype=torch.uint64, device=d).fill_(2 ** 64 - 1),
+    lambda d: torch.zeros(2, device=d).fill_(2 ** 64 - 1),
 ], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred",
         "index_fill_ uint8 -1", "index_fill complex", "clamp int8 float min", "add int8 float alpha 300",
-        "sub uint8 alpha -1", "add_ float alpha", "nan_to_num float16 replacement rounds to inf"])
+        "sub uint8 alpha -1", "add_ float alpha", "nan_to_num float16 replacement rounds to inf",
+        "threshold float16 1e6", "pow int8 float exponent", "hardtanh bfloat16 1e6", "full uint64 2**63+5",
+        "fill_ uint64 2**64-1", "fill_ float32 2**64-1"])
 def test_a_fill_value_cpu_accepts(call):
     _same_as_cpu(call)
 

@@ -265,11 +265,11 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
     device_error = platform.torch_error(error)
     if device_error is not error:  # XLA's out of memory: torch.OutOfMemoryError
         return device_error
+    if getattr(error, "pjrt_refusal", False):  # registry.refusal: the op's answer, without running CPU's kernel
+        return error
     expected = cpu_error(op, args, kwargs)
     if expected is not None:
         return expected
-    if getattr(error, "pjrt_refusal", False):  # registry.refusal: the op refuses whatever the host CPU does
-        return error
     if isinstance(error, DtypeRefused):
         error.forget()
         return None

@@ -50,9 +50,11 @@ OpOverload = torch._ops.OpOverload
 
 def refusal(error: Exception) -> Exception:
     """Mark `error`, raised by a lowering in torch's type and words, as the op's own refusal of
-    the call: eager raises it even where the host CPU's torch accepts the call (torch's CPU
-    kernels differ by ISA: with oneDNN's float8 path, CPU _scaled_mm takes float64 scales, which
-    CUDA and CPU's reference path refuse), so pjrt's answer does not depend on the host CPU."""
+    the call: eager raises it as it is, without running the call on CPU (the oracle), so pjrt's
+    answer does not depend on the host CPU (torch's CPU kernels differ by ISA: with oneDNN's
+    float8 path, CPU _scaled_mm takes float64 scales, which CUDA and CPU's reference path refuse)
+    and is given where CPU's kernel must not run (repeat_interleave's negative counts with an
+    output_size: CPU writes past its result before it refuses)."""
     error.pjrt_refusal = True
     return error
 

@@ -17,7 +17,7 @@ from ..dtypes import astype, to_jax, to_torch
 from . import core
 from .growth import Growth, PaddedOperand
 from .promotion import default_float, promote
-from .registry import family, FACTORY, Padding, SAME
+from .registry import family, FACTORY, Padding, refusal, SAME
 from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: it moves elements along a possibly padded dim (flip, roll, pad)")
@@ -146,17 +146,27 @@ def repeat(self, repeats):
     return jnp.tile(x, tuple(repeats))
 
 
-def _checked_total(repeats, output_size) -> int:
-    """The result's length for a 1-D repeats tensor (concrete here: jit=False), after CPU's checks
-    of it; a refusal is a ValueError, for which eager's oracle raises CPU's exact error. jnp.repeat
-    flattens a 2-D repeats, truncates float ones, treats a negative count as 0, and pads or cuts to
-    an `output_size` that is not the repeats' sum, where CPU raises ("allocated size does not match
-    required size"; CPU skips that check for an empty repeats, whose result is empty)."""
-    if repeats.ndim > 1 or not jnp.issubdtype(repeats.dtype, jnp.integer) or bool(jnp.any(repeats < 0)):
+def _checked_total(repeats, output_size, length: int | None = None) -> int:
+    """The result's length for a repeats tensor (concrete here: jit=False), after CPU's checks of
+    it, in CPU's order: 1-D, int32 or int64, `length` counts (self's size along dim), then the
+    sum against `output_size` (skipped for an empty repeats, whose result is empty), then no
+    negative count. A refusal is a ValueError, for which eager's oracle raises CPU's exact error.
+    (jnp.repeat flattened a 2-D repeats, took float, int16 or uint8 counts, treated a negative
+    count as 0, and padded or cut to an output_size other than the sum, all silently.)"""
+    if (repeats.ndim != 1 or repeats.dtype not in (jnp.int32, jnp.int64)
+            or (length is not None and repeats.shape[0] != length)):
         raise ValueError("repeat_interleave: repeats CPU refuses")
-    total = int(jnp.sum(repeats))
-    if output_size is not None and repeats.size and output_size != total:
+    if repeats.shape[0] == 0:
+        return 0
+    total = int(jnp.sum(repeats.astype(INT64)))
+    if output_size is not None and output_size != total:  # CPU: "allocated size does not match required size"
         raise ValueError(f"repeat_interleave: output_size {output_size}, repeats sum to {total}")
+    if bool(jnp.any(repeats < 0)):
+        if output_size is not None:
+            # CPU's kernel, given output_size, meets a negative count while writing its result: the counts
+            # before it may write past the result (a crash), so CPU is not asked here; these are its words
+            raise refusal(RuntimeError("repeats can not be negative"))
+        raise ValueError("repeat_interleave: negative repeats")
     return total
 
 
@@ -174,8 +184,8 @@ def repeat_interleave_self_tensor(self, repeats, dim=None, *, output_size=None):
     x = x.reshape(1) if x.ndim == 0 else x
     if repeats.ndim <= 1 and repeats.size == 1:  # CPU expands a single count over the dim first
         repeats = jnp.broadcast_to(repeats.reshape(1), (x.shape[dim],))
-    total = _checked_total(repeats, output_size)
-    return jnp.repeat(x, repeats.reshape(-1).astype(INT64), axis=dim, total_repeat_length=total)
+    total = _checked_total(repeats, output_size, length=x.shape[dim])
+    return jnp.repeat(x, repeats.astype(INT64), axis=dim, total_repeat_length=total)
 
 
 @lowering(aten.repeat_interleave.self_int)
