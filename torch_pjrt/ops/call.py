@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from .registry import Lowering, Split
 from .signature import SCALAR, SCALAR_LIST, STATIC, TENSOR, TENSOR_LIST, Signature
@@ -34,8 +35,8 @@ def weak_scalar(value):
         try:
             # a transfer, as weakly typed as jnp.asarray's value; jnp.asarray would run JAX's eager
             # stage op, an executable JAX builds again once a long process evicted it
-            array = jax.device_put(value)
-        except OverflowError:  # beyond int64: let JAX report it in the op
+            array = jax.device_put(_beyond_int64(value))
+        except OverflowError:  # beyond uint64 too: let JAX report it in the op
             return value
         if isinstance(array, jax.core.Tracer):
             return array  # made inside a trace: it belongs to that trace alone (see _fresh_weak_scalar)
@@ -55,9 +56,15 @@ def _fresh_weak_scalar(value):
     if value.__class__ not in (int, float, bool, complex):
         return value
     try:
-        return jnp.asarray(value)
-    except OverflowError:  # beyond int64: let JAX report it in the op
+        return jnp.asarray(_beyond_int64(value))
+    except OverflowError:  # beyond uint64 too: let JAX report it in the op
         return value
+
+
+def _beyond_int64(value):
+    """An int from 2**63 up to 2**64 (a uint64 value, which CPU takes for a uint64 tensor) as a
+    uint64 scalar: no weakly typed JAX scalar holds it. Any other number as it is."""
+    return np.uint64(value) if value.__class__ is int and 2 ** 63 <= value < 2 ** 64 else value
 
 
 def hashable(v):
@@ -77,6 +84,7 @@ def _resolve(v):
 # How the C++ fast path (runtime/csrc/fast_path.cpp, FastKernel) passes each argument to the executable.
 FAST_TENSOR, FAST_SCALAR, FAST_TENSOR_LIST, FAST_SCALAR_LIST = 0, 1, 6, 7
 FAST_CHECKED_SCALAR = 9  # a Scalar whose value must fit the result's dtype (in the entry's `scalar_fits`)
+FAST_CHECKED_STATIC = 10  # the same, for a static Scalar (a Scalar the entry lists in `static=`)
 _FAST_STATIC = {"int": 2, "float": 2, "bool": 2, "str": 2, "number": 2, "SymInt": 2, "List[int]": 2,
                 "List[SymInt]": 2, "List[float]": 2, "List[bool]": 2, "Scalar": 2, "ScalarType": 3, "Layout": 4,
                 "MemoryFormat": 5, "Device": 8}
@@ -207,5 +215,5 @@ class OpCall:
                 fast = _FAST_STATIC.get(_without_optional(str(arg.real_type)))
                 if fast is None:
                     return None
-                plan.append(fast)
+                plan.append(FAST_CHECKED_STATIC if arg.name in lowering.scalar_fits else fast)
         return plan

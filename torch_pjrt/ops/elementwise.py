@@ -312,7 +312,7 @@ def _pow_by_scalar(x, e, static_e):
     return lax.switch(index, branches, x, e)
 
 
-@lowering(aten.pow.Tensor_Scalar)
+@lowering(aten.pow.Tensor_Scalar, scalar_fits="exponent")
 def pow_Tensor_Scalar(self, exponent):
     common, compute, result = dtypes(self, exponent)
     x, e = _to_compute(self, common, compute), _to_compute(exponent, common, compute)
@@ -1329,10 +1329,11 @@ for _name, _math in _POLYNOMIALS.items():
 # activations and their backward ops
 
 
-def activation(name, math, allowed="f", ops=None, static=(), tests=NO_TEST_CASES):
+def activation(name, math, allowed="f", ops=None, static=(), tests=NO_TEST_CASES, scalar_fits=()):
     """An activation over (tensor operands..., Scalar arguments...): the tensors are promoted
     together and the Scalars (slopes, thresholds) cast to the computation dtype. `static`:
-    Scalars whose value torch checks (the meta kernel sees them only when concrete)."""
+    Scalars whose value torch checks (the meta kernel sees them only when concrete);
+    `scalar_fits`: as the table's trait."""
 
     ops = ops if ops is not None else (getattr(aten, name).default,)
     n_tensors = Signature.of(ops[0]).kinds.count(TENSOR)
@@ -1341,7 +1342,7 @@ def activation(name, math, allowed="f", ops=None, static=(), tests=NO_TEST_CASES
         return pointwise(math, *args[:n_tensors], name=name, allowed=allowed, scalars=args[n_tensors:])
 
     fn.__name__ = fn.__qualname__ = name
-    lowering(*ops, static=static, tests=tests)(fn)
+    lowering(*ops, static=static, tests=tests, scalar_fits=scalar_fits)(fn)
     return fn
 
 
@@ -1437,7 +1438,8 @@ def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
 
 
 # uint8 as on CPU; the limits static: CPU refuses negative ones for uint8 (its meta kernel checks)
-hardtanh = activation("hardtanh", _clamp, allowed="uif", static=("min_val", "max_val"))
+hardtanh = activation("hardtanh", _clamp, allowed="uif", static=("min_val", "max_val"),
+                      scalar_fits=("min_val", "max_val"))
 hardtanh_backward = activation(
     "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)),
     tests=_NAN_BY_SIZE)  # NaN x: 0
@@ -1469,7 +1471,7 @@ def _mish_backward(g, x):
 mish_backward = activation("mish_backward", _mish_backward)
 
 
-@lowering(aten.threshold.default)
+@lowering(aten.threshold.default, scalar_fits=("threshold", "value"))
 def threshold(self, threshold, value):
     # torch compares and replaces in self's dtype (the Scalars do not promote)
     return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="if",

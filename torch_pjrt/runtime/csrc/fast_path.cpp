@@ -47,7 +47,8 @@ namespace torch_pjrt {
 enum ArgKind : int {
   kTensor = 0, kScalar = 1, kStatic = 2, kDtype = 3, kLayout = 4, kMemoryFormat = 5, kTensorList = 6, kScalarList = 7,
   kDevice = 8,  // a factory's device: a static argument that also says where the call runs
-  kCheckedScalar = 9  // a Scalar that must fit the result's dtype, as CPU converts it (an entry's `scalar_fits`)
+  kCheckedScalar = 9,  // a Scalar that must fit the result's dtype, as CPU converts it (an entry's `scalar_fits`)
+  kCheckedStatic = 10  // the same, for a Scalar the entry keeps static (hardtanh's bounds)
 };
 
 struct EagerHelpers {
@@ -212,6 +213,7 @@ static PyObject* weak_scalar(const c10::Scalar& s) {
   if (s.isBoolean()) {
     kind = 2, bits = s.toBool(), value = py::bool_(s.toBool());
   } else if (s.isIntegral(false)) {
+    if (s.type() == c10::ScalarType::UInt64) return nullptr;  // beyond int64 (a uint64 value): the Python kernel
     int64_t v = s.toLong();
     kind = 0, bits = uint64_t(v), value = py::int_(v);
   } else if (s.isFloatingPoint()) {
@@ -293,6 +295,7 @@ class FastKernel : public c10::OperatorKernel {
     for (size_t i = 0; i < kinds_.size(); i++) {
       has_operands_ |= kinds_[i] == kTensor || kinds_[i] == kTensorList;
       if (kinds_[i] == kCheckedScalar) checked_scalars_.push_back(int(i)), kinds_[i] = kScalar;
+      if (kinds_[i] == kCheckedStatic) checked_scalars_.push_back(int(i)), kinds_[i] = kStatic;
       if (kinds_[i] == kDtype && dtype_at_ < 0) dtype_at_ = int(i);
       if (kinds_[i] == kTensor && tensor_at_ < 0) tensor_at_ = int(i);
     }
