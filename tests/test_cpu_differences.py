@@ -1307,6 +1307,17 @@ FILL_VALUE_ERRORS = {
     "threshold int8": lambda d: torch.threshold(torch.tensor([1, 5], dtype=torch.int8, device=d), 300, 2),
     "pow int8 exponent": lambda d: torch.pow(torch.tensor([2], dtype=torch.int8, device=d), 300),
     "pow float16 exponent": lambda d: torch.pow(torch.tensor([2.0], dtype=torch.float16, device=d), 1e6),
+    # activations' and lerp's Scalars (found by converting each table op's Scalars out of range)
+    "leaky_relu float32 slope": lambda d: torch.nn.functional.leaky_relu(torch.ones(2, device=d), 1e39),
+    "elu alpha bfloat16": lambda d: torch.nn.functional.elu(torch.ones(2, dtype=torch.bfloat16, device=d), 1e39),
+    "celu alpha": lambda d: torch.celu(torch.ones(2, device=d), 1e39),
+    "softplus beta complex": lambda d: torch.nn.functional.softplus(torch.ones(2, device=d), 1 + 1j),
+    "hardshrink float16 lambd": lambda d: torch.nn.functional.hardshrink(torch.ones(2, dtype=torch.float16, device=d), 1e6),
+    "lerp weight": lambda d: torch.lerp(torch.zeros(2, device=d), torch.ones(2, device=d), 1e39),
+    "threshold_backward int8": lambda d: torch.ops.aten.threshold_backward(
+        torch.ones(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), 300),
+    "softshrink_backward float16": lambda d: torch.ops.aten.softshrink_backward(
+        torch.ones(2, dtype=torch.float16, device=d), torch.ones(2, dtype=torch.float16, device=d), 1e6),
 }
 
 
@@ -1348,11 +1359,13 @@ def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
     lambda d: torch.full((2,), 2 ** 63 + 5, dtype=torch.uint64, device=d),
     lambda d: torch.zeros(2, dtype=torch.uint64, device=d).fill_(2 ** 64 - 1),
     lambda d: torch.zeros(2, device=d).fill_(2 ** 64 - 1),
+    lambda d: torch.nn.functional.leaky_relu(torch.tensor([-1.0, 2.0], dtype=torch.float16, device=d), 1e5),
 ], ids=["uint8 -1", "int64 2.5", "float16 inf", "bool 5", "complex with no imaginary part", "int value inferred",
         "index_fill_ uint8 -1", "index_fill complex", "clamp int8 float min", "add int8 float alpha 300",
         "sub uint8 alpha -1", "add_ float alpha", "nan_to_num float16 replacement rounds to inf",
         "threshold float16 1e6", "pow int8 float exponent", "hardtanh bfloat16 1e6", "full uint64 2**63+5",
-        "fill_ uint64 2**64-1", "fill_ float32 2**64-1"])
+        "fill_ uint64 2**64-1", "fill_ float32 2**64-1",
+        "leaky_relu float16 slope 1e5 (CPU computes in float)"])
 def test_a_fill_value_cpu_accepts(call):
     _same_as_cpu(call)
 

@@ -458,7 +458,7 @@ def lerp(self, end, weight):
     return pointwise(_lerp, self, end, name="lerp", allowed="fc", scalars=(weight,))
 
 
-@lowering(aten.lerp.Scalar)
+@lowering(aten.lerp.Scalar, scalar_fits="weight")
 def lerp_Scalar(self, end, weight):
     """A Scalar weight is a number whatever it arrives as (a traced bool is no weak-typed array, and
     is no tensor of another dtype: lerp(x, y, True) is y, as on the CPU)."""
@@ -1393,7 +1393,7 @@ def _elu(x, alpha, scale, input_scale):
     return jnp.where(x <= 0, jnp.expm1(x * input_scale) * (alpha * scale), x * scale)
 
 
-elu = activation("elu", _elu)
+elu = activation("elu", _elu, scalar_fits=("alpha", "scale", "input_scale"))
 
 
 # CPU's backward kernels refuse a negative slope when they get the forward's result (an in-place
@@ -1419,7 +1419,7 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
                      scalars=(alpha, scale, input_scale))
 
 
-@lowering(aten.celu.default)
+@lowering(aten.celu.default, scalar_fits="alpha")
 def celu(self, alpha=1.0):
     return pointwise(lambda x, a, inv: _elu(x, a, 1, inv), self, name="celu", allowed="f", scalars=(alpha, 1.0 / alpha))
 
@@ -1428,7 +1428,7 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 selu = activation("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE, 1.0))
 
-leaky_relu = activation("leaky_relu", lambda x, slope: jnp.where(x > 0, x, x * slope))
+leaky_relu = activation("leaky_relu", lambda x, slope: jnp.where(x > 0, x, x * slope), scalar_fits="negative_slope")
 
 
 @lowering(aten.leaky_relu_backward.default, in_range=_negative_slope_of_a_result(2, 3))
@@ -1442,7 +1442,7 @@ hardtanh = activation("hardtanh", _clamp, allowed="uif", static=("min_val", "max
                       scalar_fits=("min_val", "max_val"))
 hardtanh_backward = activation(
     "hardtanh_backward", lambda g, x, lo, hi: jnp.where((x > lo) & (x < hi), g, _zero(g)),
-    tests=_NAN_BY_SIZE)  # NaN x: 0
+    tests=_NAN_BY_SIZE, scalar_fits=("min_val", "max_val"))  # NaN x: 0
 hardsigmoid = activation("hardsigmoid", lambda x: jnp.clip(x + 3, 0, 6) / 6)
 hardsigmoid_backward = activation(
     "hardsigmoid_backward", lambda g, x: jnp.where((x > -3) & (x < 3), g * (1 / 6), _zero(g)))
@@ -1451,7 +1451,8 @@ hardswish_backward = activation(
     "hardswish_backward",
     lambda g, x: jnp.where(x <= -3, _zero(g), jnp.where(x >= 3, g, g * (x / 3 + 0.5))), tests=_NAN_BY_SIZE)  # NaN x: NaN
 softplus = activation(
-    "softplus", lambda x, beta, th: jnp.where(x * beta > th, x, jnp.log1p(jnp.exp(x * beta)) / beta))
+    "softplus", lambda x, beta, th: jnp.where(x * beta > th, x, jnp.log1p(jnp.exp(x * beta)) / beta),
+    scalar_fits=("beta", "threshold"))
 
 
 def _softplus_backward(g, x, beta, threshold):
@@ -1459,7 +1460,7 @@ def _softplus_backward(g, x, beta, threshold):
     return jnp.where(x * beta > threshold, g, g * z / (z + 1))
 
 
-softplus_backward = activation("softplus_backward", _softplus_backward)
+softplus_backward = activation("softplus_backward", _softplus_backward, scalar_fits=("beta", "threshold"))
 mish = activation("mish", lambda x: x * jnp.tanh(jnp.log1p(jnp.exp(x))))
 
 
@@ -1478,7 +1479,7 @@ def threshold(self, threshold, value):
                      scalars=(threshold, value))
 
 
-@lowering(aten.threshold_backward.default)
+@lowering(aten.threshold_backward.default, scalar_fits="threshold")
 def threshold_backward(grad_output, self, threshold):
     return pointwise(lambda g, x, th: jnp.where(x <= th, _zero(g), g), grad_output, self,
                      name="threshold_backward", allowed="uif", scalars=(threshold,))
@@ -1548,16 +1549,16 @@ def glu_backward(grad_output, self, dim):
 
 
 hardshrink = activation(
-    "hardshrink", lambda x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(x), x))
+    "hardshrink", lambda x, lambd: jnp.where((x >= -lambd) & (x <= lambd), _zero(x), x), scalar_fits="lambd")
 hardshrink_backward = activation(
     "hardshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)),
-    tests=_NAN_BY_SIZE)  # NaN x: 0
+    tests=_NAN_BY_SIZE, scalar_fits="lambd")  # NaN x: 0
 softshrink = activation(  # lambd static: torch requires 0 <= lambd <= the dtype's max (its meta kernel checks)
     "softshrink",
     lambda x, lambd: jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, x * 0)), static=("lambd",))
 softshrink_backward = activation(
     "softshrink_backward", lambda g, x, lambd: jnp.where((x < -lambd) | (x > lambd), g, _zero(g)),
-    tests=_NAN_BY_SIZE)  # NaN x: 0
+    tests=_NAN_BY_SIZE, scalar_fits="lambd")  # NaN x: 0
 
 
 @lowering(aten.log_sigmoid_forward.default)

@@ -501,6 +501,17 @@ class FastKernel : public c10::OperatorKernel {
   // Whether each checked Scalar converts to the result's dtype (the dtype argument, else the first
   // tensor's, else the value's own) as CPU's own `full` converts it ("value cannot be converted to
   // type int8_t without overflow"); as eager/kernels._fits_as_cpu.
+  // The largest finite value of a floating dtype (0 for any other dtype).
+  static double largest_float(c10::ScalarType dtype) {
+    switch (dtype) {
+      case at::kDouble: return std::numeric_limits<double>::max();
+      case at::kFloat: return std::numeric_limits<float>::max();
+      case at::kHalf: return static_cast<double>(std::numeric_limits<c10::Half>::max());
+      case at::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::max());
+      default: return 0;
+    }
+  }
+
   bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
     // none given: `full` infers it from the value (a float: the default dtype)
     c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
@@ -515,13 +526,12 @@ class FastKernel : public c10::OperatorKernel {
       const c10::Scalar scalar = value.toScalar();
       // 0..127 fits every dtype (torch.ones' fill_(1), add's alpha): no CPU tensor for the common values
       if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) continue;
-      // a real number into float32 or float64 (an optimizer's alpha): the range test CPU's makes
+      // a real number into a floating dtype (an optimizer's alpha, an activation's slope): the range
+      // test CPU's conversion makes (inf and NaN pass)
       if (options.has_dtype() && scalar.isFloatingPoint()) {
-        const c10::ScalarType dtype = options.dtype().toScalarType();
+        const double largest = largest_float(options.dtype().toScalarType());
         const double v = scalar.toDouble();
-        if (dtype == at::kDouble || (dtype == at::kFloat && !(std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max()))) {
-          continue;
-        }
+        if (largest > 0 && !(std::isfinite(v) && std::abs(v) > largest)) continue;
       }
       try {
         at::full({0}, scalar, options);
