@@ -1390,3 +1390,32 @@ def test_a_call_meta_refuses_but_cpu_accepts_leaves_the_ops_other_checks_on(monk
     assert str(pjrt.value) == str(cpu.value)
     assert torch.equal(torch.zeros(7, device="pjrt").masked_fill(mask.to("pjrt"), 2 + 0j).cpu(),
                        torch.zeros(7).masked_fill(mask, 2 + 0j))
+
+
+# An index of a dtype the op does not take: torch's meta kernels accept any (so the meta check did
+# not refuse) and pjrt computed with it; CPU (and CUDA) refuse, each op in its own words.
+INDEX_DTYPE_ERRORS = {
+    "index_add int8": lambda d: torch.zeros(3, device=d).index_add(
+        0, torch.tensor([0, 1], dtype=torch.int8, device=d), torch.ones(2, device=d)),
+    "index_fill int32": lambda d: torch.zeros(3, device=d).index_fill(0, torch.tensor([0, 1], dtype=torch.int32, device=d), 2.0),
+    "index_fill_ tensor value int32": lambda d: torch.zeros(3, device=d).index_fill_(
+        0, torch.tensor([0, 1], dtype=torch.int32, device=d), torch.tensor(2.0, device=d)),
+    "index_copy int32": lambda d: torch.zeros(3, device=d).index_copy(
+        0, torch.tensor([0, 1], dtype=torch.int32, device=d), torch.ones(2, device=d)),
+    "index_select int16": lambda d: torch.zeros(3, device=d).index_select(0, torch.tensor([0, 1], dtype=torch.int16, device=d)),
+    "index_reduce uint8": lambda d: torch.zeros(3, device=d).index_reduce(
+        0, torch.tensor([0, 1], dtype=torch.uint8, device=d), torch.ones(2, device=d), "prod"),
+}
+
+
+@pytest.mark.parametrize("name", INDEX_DTYPE_ERRORS)
+def test_an_index_of_a_dtype_the_op_does_not_take_raises(name):
+    assert_raises_like_cpu(INDEX_DTYPE_ERRORS[name], name)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.zeros(3, device=d).index_select(0, torch.tensor([0, 1], dtype=torch.int32, device=d)),
+    lambda d: torch.zeros(3, device=d).index_add(0, torch.tensor([0, 1], dtype=torch.int32, device=d), torch.ones(2, device=d)),
+], ids=["index_select int32", "index_add int32"])
+def test_an_int32_index_where_cpu_takes_one(call):
+    _same_as_cpu(call)

@@ -133,8 +133,7 @@ class Kernel:
             key=key and f"{key} (checked)", loaded=loaded)
         self.device_arg = call.sig.names.index("device") if "device" in call.sig.names else None
         self.host_indices = lowering.host_indices
-        self.in_range = lowering.in_range or (_fits_as_cpu(self.op, lowering.scalar_fits) if lowering.scalar_fits
-                                              else None)
+        self.in_range = _in_range(self.op, lowering)
 
     def describe(self, values) -> SignatureTraits:
         """The traits of a call of the op's executable on prepared `values` (see SignatureTraits)."""
@@ -407,29 +406,42 @@ def _traced_call(call: OpCall, *values):
     return storage.laid_out(call.lower(*values), meta)
 
 
+def _in_range(op, lowering: Lowering):
+    """The host check of a call's values: the entry's `in_range` and its `scalar_fits`, both where
+    it has both (elu_backward: a negative slope with is_result, and alpha's range)."""
+    checks = [check for check in (lowering.in_range, _fits_as_cpu(op, lowering.scalar_fits) if lowering.scalar_fits
+                                  else None) if check is not None]
+    if len(checks) < 2:
+        return checks[0] if checks else None
+    return lambda values: all(check(values) for check in checks)
+
+
 def _fits_as_cpu(op, names: tuple):
     """An `in_range` for an entry's `scalar_fits`: whether each named Scalar converts to the result's
-    dtype (the `dtype` argument, else the first tensor's, else the value's own) as CPU converts it
-    ("value cannot be converted to type int8_t without overflow"); where one does not, CPU names
-    the error for the whole call (index_fill checks a complex value first, in its own words). The
-    C++ fast path checks the same way (FastKernel::scalar_fits) and leaves such a call to this kernel."""
+    dtype (the `dtype` argument, else the first tensor's, else each of the first tensor list's, else
+    the value's own) as CPU converts it ("value cannot be converted to type int8_t without
+    overflow"); where one does not, CPU names the error for the whole call (index_fill checks a
+    complex value first, in its own words). The C++ fast path checks the same way
+    (FastKernel::scalar_fits) and leaves such a call to this kernel."""
     arguments = op._schema.arguments
     at = [a.name for a in arguments]
     value_at = [at.index(name) for name in names if name in at]  # (an entry's other overloads may lack one)
     dtype_at = at.index("dtype") if "dtype" in at else None
-    tensor_at = next((i for i, a in enumerate(arguments) if str(a.type) == "Tensor"), None)
+    tensor_at = next((i for i, a in enumerate(arguments) if str(a.type) in ("Tensor", "List[Tensor]")), None)
 
     def fits(values) -> bool:
-        dtype = values[dtype_at] if dtype_at is not None else None
-        if dtype is None and tensor_at is not None:
-            dtype = values[tensor_at].dtype
+        dtypes = [values[dtype_at]] if dtype_at is not None and values[dtype_at] is not None else []
+        if not dtypes and tensor_at is not None:
+            first = values[tensor_at]
+            dtypes = list(dict.fromkeys(t.dtype for t in first)) if isinstance(first, (list, tuple)) else [first.dtype]
         for i in value_at:
             value = values[i]
             if isinstance(value, (bool, int, float, complex)):
-                try:
-                    torch.full((0,), value, dtype=dtype)
-                except RuntimeError:
-                    return False
+                for dtype in dtypes or [None]:
+                    try:
+                        torch.full((0,), value, dtype=dtype)
+                    except RuntimeError:
+                        return False
         return True
 
     return fits

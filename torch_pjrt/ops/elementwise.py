@@ -1406,7 +1406,8 @@ def _negative_slope_of_a_result(slope: int, is_result: int):
     return in_range
 
 
-@lowering(aten.elu_backward.default, tests=_NAN_BY_SIZE, in_range=_negative_slope_of_a_result(1, 4))
+@lowering(aten.elu_backward.default, tests=_NAN_BY_SIZE, in_range=_negative_slope_of_a_result(1, 4),
+          scalar_fits=("alpha", "scale", "input_scale"))
 def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_result):
     def math(g, y, alpha, scale, input_scale):
         if is_result:
@@ -1431,7 +1432,7 @@ selu = activation("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE, 1.0))
 leaky_relu = activation("leaky_relu", lambda x, slope: jnp.where(x > 0, x, x * slope), scalar_fits="negative_slope")
 
 
-@lowering(aten.leaky_relu_backward.default, in_range=_negative_slope_of_a_result(2, 3))
+@lowering(aten.leaky_relu_backward.default, in_range=_negative_slope_of_a_result(2, 3), scalar_fits="negative_slope")
 def leaky_relu_backward(grad_output, self, negative_slope, self_is_result):
     return pointwise(lambda g, x, s: jnp.where(x > 0, g, g * s), grad_output, self,
                      name="leaky_relu_backward", allowed="f", scalars=(negative_slope,))

@@ -47,6 +47,15 @@ def unary(op_name, fn):
     return lowering(getattr(aten, f"_foreach_{op_name}").default)(_named(lowering_fn, f"_foreach_{op_name}"))
 
 
+def _scalar_fits(fn, op, position: int) -> tuple:
+    """The foreach `op`'s Scalar at `position`, where the elementwise entry whose lowering is `fn`
+    checks the Scalar at the same position as CPU converts it (its `scalar_fits`): checked alike,
+    against each tensor's dtype (clamp_min's min, pow's exponent; not add's other)."""
+    checked = any(entry.fn is fn and entry.op._schema.arguments[position].name in entry.scalar_fits
+                  for entry in LOWERINGS.values())
+    return (op._schema.arguments[position].name,) if checked else ()
+
+
 def binary(op_name, fn, scalar_fn=None):
     """_foreach_<op>.List/.Scalar/.ScalarList/.Tensor: fn(self[i], other) with the second
     operand spread per variant; scalar_fn (default fn) serves the Scalar-valued variants."""
@@ -65,7 +74,8 @@ def binary(op_name, fn, scalar_fn=None):
         def foreach_scalar(self, scalar):
             return [scalar_fn(x, scalar) for x in self]
 
-        out["Scalar"] = lowering(packet.Scalar)(_named(foreach_scalar, f"_foreach_{op_name}_Scalar"))
+        out["Scalar"] = lowering(packet.Scalar, scalar_fits=_scalar_fits(scalar_fn, packet.Scalar, 1))(
+            _named(foreach_scalar, f"_foreach_{op_name}_Scalar"))
     if "ScalarList" in overloads:
         def foreach_scalar_list(self, scalars):
             _same_length(f"_foreach_{op_name}", self, scalars)
@@ -119,7 +129,7 @@ def _foreach_lerp_List(self, tensors1, weights):
     return [ew.lerp(x, y, w) for x, y, w in zip(self, tensors1, weights)]
 
 
-@lowering(aten._foreach_lerp.Scalar)
+@lowering(aten._foreach_lerp.Scalar, scalar_fits=_scalar_fits(ew.lerp_Scalar, aten._foreach_lerp.Scalar, 2))
 def _foreach_lerp_Scalar(self, tensors1, weight):
     _same_length("_foreach_lerp", self, tensors1)
     return [ew.lerp_Scalar(x, y, weight) for x, y in zip(self, tensors1)]
@@ -152,7 +162,7 @@ def _pointwise_ternary(op_name, fn):
         _same_length(name, self, tensor1, tensor2)
         return [fn(s, a, b, value=scalars[i]) for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
 
-    lowering(packet.Scalar)(_named(foreach_scalar, f"{name}_Scalar"))
+    lowering(packet.Scalar, scalar_fits=_scalar_fits(fn, packet.Scalar, 3))(_named(foreach_scalar, f"{name}_Scalar"))
     lowering(packet.ScalarList)(_named(foreach_scalar_list, f"{name}_ScalarList"))
     lowering(packet.Tensor)(_named(foreach_tensor, f"{name}_Tensor"))
 
@@ -192,12 +202,12 @@ def _vector_norm(x, ord, dtype):
     return out.astype(result)
 
 
-@lowering(aten._foreach_norm.Scalar, static=("ord",))
+@lowering(aten._foreach_norm.Scalar, static=("ord",), scalar_fits="ord")
 def _foreach_norm_Scalar(self, ord=2, dtype=None):
     return [_vector_norm(x, ord, dtype) for x in self]
 
 
-@lowering(aten._foreach_powsum.Scalar, static=("ord",))
+@lowering(aten._foreach_powsum.Scalar, static=("ord",), scalar_fits="ord")
 def _foreach_powsum_Scalar(self, ord=2, dtype=None):
     # sum(|x| ** ord), the norm before its root (0 ** 0 == 1, so ord 0 counts every element)
     out = []

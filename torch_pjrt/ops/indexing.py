@@ -436,7 +436,23 @@ def _along(ndim, dim, key):
     return (slice(None),) * dim + (key,)
 
 
-def _dim_index(self, dim, index):
+# The index dtypes each index_* op takes, and CPU's error for another ({}: the index's c10 name).
+# Their meta kernels do not check (a meta run accepts an int8 index); CPU's kernels do, CUDA's too.
+_INDEX_DTYPES = {
+    "index_select": ((np.int32, np.int64), RuntimeError, "index_select(): Expected dtype int32 or int64 for index"),
+    "index_add": ((np.int32, np.int64), RuntimeError, "index_add_(): Expected dtype int32/int64 for index but got: {}"),
+    "index_reduce": ((np.int32, np.int64), RuntimeError,
+                     "index_reduce_(): Expected dtype int32/int64 for index but got: {}"),
+    "index_copy": ((np.int64,), RuntimeError, "index_copy_(): Expected a long tensor for index, but got {}"),
+    "index_fill": ((np.int64,), IndexError, "index_fill_(): Expected dtype int64 for index."),
+}
+
+
+def _dim_index(op: str, self, dim, index):
+    """(dim wrapped, the index flat and wrapped) for index_<op>, whose index dtype is checked."""
+    dtypes, error, words = _INDEX_DTYPES[op]
+    if index.dtype not in dtypes:
+        raise error(words.format(c10_name(to_torch(index.dtype))))
     dim = wrap_dim(dim, self.ndim)
     n = self.shape[dim] if self.ndim else 1
     return dim, wrap_index(index.reshape(-1), n)
@@ -444,7 +460,7 @@ def _dim_index(self, dim, index):
 
 @lowering(aten.index_select.default, index_probes=probes.along_dim(IndexError, probes.IN_SELF))
 def index_select(self, dim, index):
-    dim, idx = _dim_index(self, dim, index)
+    dim, idx = _dim_index("index_select", self, dim, index)
     if self.ndim == 0:  # a 0-d self gives a 0-d result
         return jnp.take(self.reshape(1), idx, mode="clip").reshape(())
     return jnp.take(self, idx, axis=dim, mode="clip")
@@ -452,7 +468,7 @@ def index_select(self, dim, index):
 
 @lowering(aten.index_add.default, scalar_fits="alpha", index_probes=probes.along_dim(IndexError, probes.IN_SELF))
 def index_add(self, dim, index, source, *, alpha=1):
-    dim, idx = _dim_index(self, dim, index)
+    dim, idx = _dim_index("index_add", self, dim, index)
     compute, _ = promote(source, alpha)
     scaled = (cast(source, compute) * alpha).astype(self.dtype) if self.dtype != jnp.bool_ \
         else source.astype(jnp.bool_)
@@ -470,6 +486,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce with the index repeated along source's other dimensions."""
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    _dim_index("index_reduce", self, dim, index)
     dim = wrap_dim(dim, self.ndim)
     source = _as_1d(source)
     index = index.reshape(-1).reshape((1,) * dim + (-1,) + (1,) * (source.ndim - dim - 1))
@@ -480,7 +497,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
 @lowering(aten.index_copy.default, index_probes=probes.along_dim(IndexError, "index_copy_(): " + probes.OUT_OF_BOUNDS))
 def index_copy(self, dim, index, source):
     """Rows of source copied to rows `index` of self along dim; the last duplicate wins."""
-    dim, idx = _dim_index(self, dim, index)
+    dim, idx = _dim_index("index_copy", self, dim, index)
     x = _as_1d(self)
     n = x.shape[dim]
     source = source.astype(self.dtype).reshape(x.shape[:dim] + (idx.shape[0],) + x.shape[dim + 1:])
@@ -493,7 +510,7 @@ def index_copy(self, dim, index, source):
 def _index_fill(self, dim, index, value):
     if jnp.iscomplexobj(value) and not jnp.iscomplexobj(self):  # (a dtype: known while tracing)
         raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
-    dim, idx = _dim_index(self, dim, index)
+    dim, idx = _dim_index("index_fill", self, dim, index)
     x = _as_1d(self)
     n = x.shape[dim]
     hit = jnp.zeros((n,), jnp.bool_).at[idx].set(True, mode="drop")

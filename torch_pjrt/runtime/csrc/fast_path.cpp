@@ -297,7 +297,7 @@ class FastKernel : public c10::OperatorKernel {
       if (kinds_[i] == kCheckedScalar) checked_scalars_.push_back(int(i)), kinds_[i] = kScalar;
       if (kinds_[i] == kCheckedStatic) checked_scalars_.push_back(int(i)), kinds_[i] = kStatic;
       if (kinds_[i] == kDtype && dtype_at_ < 0) dtype_at_ = int(i);
-      if (kinds_[i] == kTensor && tensor_at_ < 0) tensor_at_ = int(i);
+      if ((kinds_[i] == kTensor || kinds_[i] == kTensorList) && tensor_at_ < 0) tensor_at_ = int(i);
     }
   }
 
@@ -513,30 +513,39 @@ class FastKernel : public c10::OperatorKernel {
   }
 
   bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
-    // none given: `full` infers it from the value (a float: the default dtype)
-    c10::TensorOptions options = at::TensorOptions().device(at::kCPU);
+    // The dtypes each value must fit: the dtype argument, else the first tensor's, else each of the
+    // first tensor list's (a foreach op converts its Scalar to each tensor's dtype); none given:
+    // `full` infers it from the value (a float: the default dtype).
+    const c10::TensorOptions cpu = at::TensorOptions().device(at::kCPU);
+    c10::SmallVector<c10::TensorOptions, 2> targets;
     if (dtype_at_ >= 0 && !args[dtype_at_].isNone()) {
-      options = options.dtype(args[dtype_at_].toScalarType());
+      targets.push_back(cpu.dtype(args[dtype_at_].toScalarType()));
     } else if (tensor_at_ >= 0 && args[tensor_at_].isTensor()) {
-      options = options.dtype(args[tensor_at_].toTensor().scalar_type());
+      targets.push_back(cpu.dtype(args[tensor_at_].toTensor().scalar_type()));
+    } else if (tensor_at_ >= 0 && args[tensor_at_].isTensorList()) {
+      for (const at::Tensor& t : args[tensor_at_].toTensorList())
+        if (targets.empty() || targets.back().dtype() != t.dtype()) targets.push_back(cpu.dtype(t.scalar_type()));
     }
+    if (targets.empty()) targets.push_back(cpu);
     for (int at : checked_scalars_) {
       const c10::IValue& value = args[at];
       if (!value.isScalar()) continue;
       const c10::Scalar scalar = value.toScalar();
       // 0..127 fits every dtype (torch.ones' fill_(1), add's alpha): no CPU tensor for the common values
       if (scalar.isIntegral(true) && scalar.toDouble() >= 0 && scalar.toDouble() <= 127) continue;
-      // a real number into a floating dtype (an optimizer's alpha, an activation's slope): the range
-      // test CPU's conversion makes (inf and NaN pass)
-      if (options.has_dtype() && scalar.isFloatingPoint()) {
-        const double largest = largest_float(options.dtype().toScalarType());
-        const double v = scalar.toDouble();
-        if (largest > 0 && !(std::isfinite(v) && std::abs(v) > largest)) continue;
-      }
-      try {
-        at::full({0}, scalar, options);
-      } catch (const std::exception&) {  // c10::Error, or c10::report_overflow's std::runtime_error
-        return false;
+      for (const c10::TensorOptions& options : targets) {
+        // a real number into a floating dtype (an optimizer's alpha, an activation's slope): the
+        // range test CPU's conversion makes (inf and NaN pass)
+        if (options.has_dtype() && scalar.isFloatingPoint()) {
+          const double largest = largest_float(options.dtype().toScalarType());
+          const double v = scalar.toDouble();
+          if (largest > 0 && !(std::isfinite(v) && std::abs(v) > largest)) continue;
+        }
+        try {
+          at::full({0}, scalar, options);
+        } catch (const std::exception&) {  // c10::Error, or c10::report_overflow's std::runtime_error
+          return false;
+        }
       }
     }
     return true;
@@ -771,7 +780,7 @@ class FastKernel : public c10::OperatorKernel {
   PyObject* store_;  // in-place ops: storage write of a result into self
   std::vector<int> kinds_;
   std::vector<int> checked_scalars_;  // scalar_fits' arguments
-  int dtype_at_ = -1, tensor_at_ = -1;  // where scalar_fits finds the result's dtype (-1: none)
+  int dtype_at_ = -1, tensor_at_ = -1;  // where scalar_fits finds the result's dtype (-1: none): a tensor or a list
   bool described_;  // see the constructor
   bool checked_;
   bool grows_;
