@@ -120,3 +120,28 @@ def test_out_resize_warns_once_per_tensor_as_cpu(name):
     expected, actual = results["cpu"], results["pjrt"]
     for e, a in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (expected, actual))):
         torch.testing.assert_close(a.cpu(), e)
+
+
+# ------------------------------------------------------------------ size-1 dims of a permuted result
+# An elementwise result laid out by torch's strides (a dense permutation, storage.Permuted): a size-1
+# dim whose meta stride equals another dim's went outside that dim, so its stride came out as the
+# product of the sizes inside both: exp of a (1, 3, 4) view with strides (2, 2, 6) had strides (3, 1, 3)
+# where CPU gives (1, 1, 3), while empty_like and the other like functions gave CPU's
+# (test_tensor_creation_ops' test_like_fn_stride_proparation_vs_tensoriterator_unary_op).
+@pytest.mark.parametrize("shape, stride, dims", [
+    ((4, 3, 2), (6, 2, 1), None),  # a ::2 slice of (4, 3, 2) is (4, 3, 1) with strides (6, 2, 2)
+    ((4, 1, 1, 2), (10, 0, 0, 2), (3, 2, 1, 0)),
+    ((4, 3, 2), (4, 2, 1), None),
+])
+def test_elementwise_result_strides_of_size_one_dims_as_cpu(shape, stride, dims):
+    from itertools import permutations
+    for device in ("cpu", "pjrt"):
+        base = torch.empty_strided(shape, stride, device=device).fill_(1.0)
+        if dims is None:
+            base = base[:, :, ::2]
+        for p in permutations(range(base.dim())):
+            t = base.permute(p)
+            expected = torch.exp(torch.empty_strided(t.shape, t.stride())).stride()
+            assert torch.exp(t).stride() == expected, (device, p)
+            assert (t + 1).stride() == expected, (device, p)
+            assert torch.empty_like(t).stride() == torch.exp(t).stride(), (device, p)

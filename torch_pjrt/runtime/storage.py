@@ -219,18 +219,24 @@ def wrap_laid_out(array: jax.Array, device: int, perm: tuple | None) -> torch.Te
 
 def _dense_permutation(meta, result):
     """The dim order (outermost first) of meta's strides when they are a non-row-major
-    permutation of a dense layout of result's shape; else None."""
-    if not isinstance(meta, torch.Tensor) or meta.dim() < 2 or tuple(meta.shape) != tuple(result.shape) \
-            or meta.is_contiguous():
+    permutation of a dense layout of result's shape; else None. A size-1 dim's stride counts
+    where a permutation gives it meta's: the tensor's strides are then meta's exactly."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() < 2 or tuple(meta.shape) != tuple(result.shape):
         return None
     shape, stride = tuple(meta.shape), tuple(meta.stride())
-    perm = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
-    expected = 1
+    # a size-1 dim goes inside the other dims of its stride: its stride is then the product of the
+    # sizes inside it, as TensorIterator gives it (exp of a (1, 3, 4) view with strides (2, 2, 6) has
+    # strides (1, 1, 3); outside, the result had (3, 1, 3))
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], shape[d] == 1, d)))
+    expected, exact = 1, True
     for d in reversed(perm):  # dense: each dim's stride is the product of the faster dims' sizes
         if shape[d] != 1 and stride[d] != expected:
             return None
-        expected *= shape[d]
-    return None if perm == tuple(range(len(shape))) else perm
+        exact = exact and stride[d] == expected
+        expected *= max(shape[d], 1)
+    if perm == tuple(range(len(shape))) or (meta.is_contiguous() and not exact):
+        return None  # row-major, or row-major but for size-1 dims whose strides no permutation gives
+    return perm
 
 
 @platform.raises_torch_errors
