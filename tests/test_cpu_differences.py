@@ -1392,8 +1392,9 @@ def test_a_call_meta_refuses_but_cpu_accepts_leaves_the_ops_other_checks_on(monk
                        torch.zeros(7).masked_fill(mask, 2 + 0j))
 
 
-# An index of a dtype the op does not take: torch's meta kernels accept any (so the meta check did
-# not refuse) and pjrt computed with it; CPU (and CUDA) refuse, each op in its own words.
+# An index, target, sorter or lengths of a dtype the op does not take: torch's meta kernels accept
+# any (so the meta check did not refuse) and pjrt computed with it; CPU (and CUDA) refuse, each op
+# in its own words (found by a sweep of OpInfo samples with their int64 tensors in other dtypes).
 INDEX_DTYPE_ERRORS = {
     "index_add int8": lambda d: torch.zeros(3, device=d).index_add(
         0, torch.tensor([0, 1], dtype=torch.int8, device=d), torch.ones(2, device=d)),
@@ -1405,6 +1406,24 @@ INDEX_DTYPE_ERRORS = {
     "index_select int16": lambda d: torch.zeros(3, device=d).index_select(0, torch.tensor([0, 1], dtype=torch.int16, device=d)),
     "index_reduce uint8": lambda d: torch.zeros(3, device=d).index_reduce(
         0, torch.tensor([0, 1], dtype=torch.uint8, device=d), torch.ones(2, device=d), "prod"),
+    # a loss's int32 targets (a common mistake CPU and CUDA refuse; pjrt trained on them)
+    "nll_loss int32 target": lambda d: torch.nn.functional.nll_loss(
+        torch.randn(3, 5, device=d), torch.tensor([1, 2, 3], dtype=torch.int32, device=d)),
+    "cross_entropy int32 target": lambda d: torch.nn.functional.cross_entropy(
+        torch.randn(3, 5, device=d), torch.tensor([1, 2, 3], dtype=torch.int32, device=d)),
+    "nll_loss 2-d uint8 target": lambda d: torch.nn.functional.nll_loss(
+        torch.randn(2, 5, 3, 3, device=d), torch.zeros(2, 3, 3, dtype=torch.uint8, device=d)),
+    "nll_loss_backward int32 target": lambda d: torch.ops.aten.nll_loss_backward(
+        torch.tensor(1.0, device=d), torch.randn(3, 5, device=d), torch.tensor([1, 2, 3], dtype=torch.int32, device=d),
+        None, 1, -100, torch.tensor(1.0, device=d)),
+    "multi_margin_loss int32 target": lambda d: torch.nn.functional.multi_margin_loss(
+        torch.randn(3, 5, device=d), torch.tensor([1, 2, 3], dtype=torch.int32, device=d)),
+    "multilabel_margin_loss int32 target": lambda d: torch.nn.functional.multilabel_margin_loss(
+        torch.randn(3, 5, device=d), torch.zeros(3, 5, dtype=torch.int32, device=d)),
+    "searchsorted int32 sorter": lambda d: torch.searchsorted(
+        torch.tensor([1.0, 2, 3], device=d), torch.tensor([2.0], device=d), sorter=torch.tensor([0, 1, 2], dtype=torch.int32, device=d)),
+    "segment_reduce int16 lengths": lambda d: torch.segment_reduce(
+        torch.randn(4, device=d), "sum", lengths=torch.tensor([2, 2], dtype=torch.int16, device=d)),
 }
 
 
@@ -1416,6 +1435,9 @@ def test_an_index_of_a_dtype_the_op_does_not_take_raises(name):
 @pytest.mark.parametrize("call", [
     lambda d: torch.zeros(3, device=d).index_select(0, torch.tensor([0, 1], dtype=torch.int32, device=d)),
     lambda d: torch.zeros(3, device=d).index_add(0, torch.tensor([0, 1], dtype=torch.int32, device=d), torch.ones(2, device=d)),
-], ids=["index_select int32", "index_add int32"])
-def test_an_int32_index_where_cpu_takes_one(call):
+    lambda d: torch.nn.functional.nll_loss(torch.log_softmax(torch.linspace(-2, 2, 15, device=d).view(3, 5), 1),
+                                           torch.tensor([1, 2, 3], dtype=torch.uint8, device=d)),
+    lambda d: torch.segment_reduce(torch.arange(4.0, device=d), "sum", lengths=torch.tensor([2, 2], dtype=torch.int32, device=d)),
+], ids=["index_select int32", "index_add int32", "nll_loss uint8 target", "segment_reduce int32 lengths"])
+def test_an_index_dtype_cpu_takes(call):
     _same_as_cpu(call)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from .promotion import cast, promote
+from .promotion import cast, promote, require_dtype
 from .reductions import vector_norm
 from . import index_probes as probes
 from .registry import family, has_index, Padding
@@ -436,8 +436,7 @@ def _along(ndim, dim, key):
     return (slice(None),) * dim + (key,)
 
 
-# The index dtypes each index_* op takes, and CPU's error for another ({}: the index's c10 name).
-# Their meta kernels do not check (a meta run accepts an int8 index); CPU's kernels do, CUDA's too.
+# The index dtypes each index_* op takes, and CPU's error for another (promotion.require_dtype).
 _INDEX_DTYPES = {
     "index_select": ((np.int32, np.int64), RuntimeError, "index_select(): Expected dtype int32 or int64 for index"),
     "index_add": ((np.int32, np.int64), RuntimeError, "index_add_(): Expected dtype int32/int64 for index but got: {}"),
@@ -450,9 +449,7 @@ _INDEX_DTYPES = {
 
 def _dim_index(op: str, self, dim, index):
     """(dim wrapped, the index flat and wrapped) for index_<op>, whose index dtype is checked."""
-    dtypes, error, words = _INDEX_DTYPES[op]
-    if index.dtype not in dtypes:
-        raise error(words.format(c10_name(to_torch(index.dtype))))
+    require_dtype(index, *_INDEX_DTYPES[op])
     dim = wrap_dim(dim, self.ndim)
     n = self.shape[dim] if self.ndim else 1
     return dim, wrap_index(index.reshape(-1), n)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 from ..dtypes import to_jax, to_torch
-from .promotion import cast, promote
+from .promotion import cast, promote, require_dtype
 from .registry import family, BATCH_ONLY, Padding
 
 lowering = family(not_paddable="no padding rule yet: it mixes elements along its dims (normalization, pooling, losses)")
@@ -274,7 +274,19 @@ def _nll_parts(self, target, weight, ignore_index):
     return picked, w
 
 
-def _nll_loss_forward(self, target, weight, reduction, ignore_index):
+# nll_loss's target dtypes and CPU's words for another, per overload (forward of a batch of class
+# scores, its backward, the 2-d forward and backward); no meta kernel checks them
+_NLL_TARGET = {
+    "nll_loss_forward": ((np.int64, np.uint8), RuntimeError, "expected target dtype to be Long or Byte, but got {}"),
+    "nll_loss_backward": ((np.int64, np.uint8), RuntimeError, "expected scalar type Long but found {}"),
+    "nll_loss2d_forward": ((np.int64,), RuntimeError, "expected scalar type Long but found {}"),
+    "nll_loss2d_backward": ((np.int64,), RuntimeError, "expected scalar type Long but found {}"),
+}
+_LONG_TARGET = ((np.int64,), RuntimeError, "expected scalar type Long but found {}")
+
+
+def _nll_loss_forward(self, target, weight, reduction, ignore_index, *, overload="nll_loss_forward"):
+    require_dtype(target, *_NLL_TARGET[overload])
     picked, w = _nll_parts(_up(self), target, weight, ignore_index)
     loss = -picked * w
     dt = self.dtype
@@ -287,7 +299,9 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     return out.astype(dt), total.astype(dt)
 
 
-def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight, *,
+                       overload="nll_loss_backward"):
+    require_dtype(target, *_NLL_TARGET[overload])
     _, w = _nll_parts(_up(self), target, weight, ignore_index)
     g = _up(grad_output)
     if reduction == 1:
@@ -301,9 +315,18 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
 
 
 nll_loss_forward = lowering(aten.nll_loss_forward.default, padding=Padding("nll_loss_forward"))(_nll_loss_forward)
-nll_loss2d_forward = lowering(aten.nll_loss2d_forward.default)(_nll_loss_forward)
 nll_loss_backward = lowering(aten.nll_loss_backward.default, padding=Padding("nll_loss_backward"))(_nll_loss_backward)
-nll_loss2d_backward = lowering(aten.nll_loss2d_backward.default)(_nll_loss_backward)
+
+
+@lowering(aten.nll_loss2d_forward.default)
+def nll_loss2d_forward(self, target, weight, reduction, ignore_index):
+    return _nll_loss_forward(self, target, weight, reduction, ignore_index, overload="nll_loss2d_forward")
+
+
+@lowering(aten.nll_loss2d_backward.default)
+def nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight,
+                              overload="nll_loss2d_backward")
 
 
 @lowering(aten.mse_loss.default, padding=Padding("mse_loss"))
@@ -1158,6 +1181,7 @@ def soft_margin_loss_backward(grad_output, self, target, reduction):
 
 def _multi_margin_terms(self, target, p, margin, weight):
     """Per-sample, per-class hinge terms z_ij = max(0, margin - x_iy + x_ij), j != y."""
+    require_dtype(target, *_LONG_TARGET)
     x = _up(self)
     x2 = x if x.ndim == 2 else x.reshape(1, -1)
     t = target.reshape(-1).astype(I64)
@@ -1195,6 +1219,7 @@ def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None
 
 
 def _multilabel_terms(self, target):
+    require_dtype(target, *_LONG_TARGET)
     x = _up(self)
     x2 = x if x.ndim == 2 else x.reshape(1, -1)
     t = target.reshape(x2.shape).astype(I64)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
 from torch._prims_common import elementwise_dtypes
-from ..dtypes import astype, to_jax, to_torch
+from ..dtypes import astype, c10_name, to_jax, to_torch
 
 _PY_SCALAR = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
 
@@ -57,3 +57,11 @@ def cast(x, dtype):
 
 def default_float() -> np.dtype:
     return to_jax(torch.get_default_dtype())
+
+
+def require_dtype(x, dtypes: tuple, error: type, words: str) -> None:
+    """Raise error(words) where the operand `x` (an index, a target, a sorter) is not of one of
+    `dtypes`, as CPU's kernels refuse it ("{}" in words: x's dtype as c10 names it, "Int").
+    Torch's meta kernels accept any dtype there, so eager's meta check lets such a call through."""
+    if x is not None and np.dtype(x.dtype) not in dtypes:
+        raise error(words.format(c10_name(to_torch(x.dtype))))

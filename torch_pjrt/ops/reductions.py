@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from ..dtypes import to_jax
-from .promotion import cast, default_float, promote
+from .promotion import cast, default_float, promote, require_dtype
 from .registry import family, Padding, reduction
 from .views import wrap_dim, wrap_dims
 
@@ -658,6 +658,7 @@ def _searchsorted(seq, values, side, sorter, out_int32):
     compute, _ = promote(seq, values)
     seq, values = cast(seq, compute), cast(values, compute)
     if sorter is not None:
+        require_dtype(sorter, (np.int64,), RuntimeError, "torch.searchsorted(): sorter must be a tensor of long dtype but got dtype {}")
         seq = jnp.take_along_axis(seq, sorter.astype(INT64), axis=-1)
     if seq.ndim <= 1:
         return jnp.searchsorted(seq.reshape(-1), values, side=side).astype(out_dtype)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .promotion import require_dtype
 from .registry import family
 
 lowering = family(not_paddable="segments are given by data")
@@ -30,6 +31,7 @@ def _layout(data, lengths, offsets, unsafe: bool = True):
     bounds = lengths if lengths is not None else offsets
     if bounds is None:
         raise RuntimeError("segment_reduce(): Either lengths or offsets must be defined")
+    require_dtype(bounds, (np.int32, np.int64), NotImplementedError, "\"segment_reduce\" not implemented for '{}'")
     axis = bounds.ndim - 1
     outer = int(np.prod(data.shape[:axis], dtype=np.int64))
     x = data.reshape(outer, data.shape[axis], -1)
