@@ -1,0 +1,86 @@
+"""OpInfo samples with their int64 tensor arguments (indices, targets, lengths, sorters) in another
+dtype: pjrt raises what CPU raises or computes what CPU computes. torch's meta kernels check none
+of these dtypes, so a lowering that does not (promotion.require_dtype) computed where CPU and CUDA
+refuse: nll_loss with int32 targets trained here and failed on the real device (issue 32)."""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+
+# The OpInfos whose samples run differently by design: tensor_split's index tensor must be on the
+# CPU whatever its dtype (here it is on pjrt, and CUDA answers the same).
+ON_THE_CPU_BY_DESIGN = {"tensor_split"}
+OTHER_DTYPES = (torch.int32, torch.int16, torch.uint8, torch.float32)
+
+
+def _tree(fn, x):
+    if isinstance(x, torch.Size):
+        return x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tree(fn, y) for y in x)
+    if isinstance(x, dict):
+        return {k: _tree(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _outcome(op, inp, args, kwargs):
+    try:
+        result = op(inp, *args, **kwargs)
+        torch.pjrt.synchronize()
+    except Exception as e:  # noqa: BLE001  (the outcome compared is the exception)
+        return type(e), str(e).split("\n")[0]
+    results = result if isinstance(result, (tuple, list)) else [result]
+    return [r.detach().cpu() for r in results if isinstance(r, torch.Tensor)]
+
+
+def _same(expected, got) -> bool:
+    if isinstance(expected, tuple) or isinstance(got, tuple):
+        return expected == got
+    if len(expected) != len(got):
+        return False
+    for e, g in zip(expected, got):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return False
+        try:
+            torch.testing.assert_close(g, e, equal_nan=True, rtol=1e-4, atol=1e-4)
+        except AssertionError:
+            return False
+    return True
+
+
+def test_int64_operands_in_other_dtypes_do_what_cpu_does():
+    differences = []
+    for info in op_db:
+        if info.name in ON_THE_CPU_BY_DESIGN or torch.float32 not in info.supported_dtypes("cpu"):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                samples = list(itertools.islice(info.sample_inputs("cpu", torch.float32), 3))
+            except Exception:  # noqa: BLE001  (an OpInfo without float32 samples here)
+                continue
+        for sample in samples:
+            longs = []
+            _tree(lambda x: longs.append(x) if isinstance(x, torch.Tensor) and x.dtype == torch.int64 else x,
+                  (sample.args, sample.kwargs))
+            if not longs:
+                continue
+            for dtype in OTHER_DTYPES:
+                def convert(x, device):
+                    if isinstance(x, torch.Tensor):
+                        return (x.to(dtype) if x.dtype == torch.int64 else x).to(device)
+                    return x
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    expected = _outcome(info.op, sample.input, _tree(lambda x: convert(x, "cpu"), sample.args),
+                                        _tree(lambda x: convert(x, "cpu"), sample.kwargs))
+                    got = _outcome(info.op, _tree(lambda x: x.to("pjrt") if isinstance(x, torch.Tensor) else x, sample.input),
+                                   _tree(lambda x: convert(x, "pjrt"), sample.args), _tree(lambda x: convert(x, "pjrt"), sample.kwargs))
+                if not _same(expected, got):
+                    differences.append(f"{info.name} ({dtype}): CPU {expected if isinstance(expected, tuple) else 'computes'}"
+                                       f", pjrt {got if isinstance(got, tuple) else 'computes'}")
+    assert not differences, "\n".join(differences)
