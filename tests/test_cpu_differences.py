@@ -1441,3 +1441,19 @@ def test_an_index_of_a_dtype_the_op_does_not_take_raises(name):
 ], ids=["index_select int32", "index_add int32", "nll_loss uint8 target", "segment_reduce int32 lengths"])
 def test_an_index_dtype_cpu_takes(call):
     _same_as_cpu(call)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.float32, torch.float16)], ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bce_with_logits_has_the_targets_dtype(dtypes, reduction):
+    """CPU's composite computes the loss in place into `1 - target`: its dtype is target's (pjrt gave
+    the logits' dtype, silently another dtype)."""
+    def call(d):
+        logits = torch.linspace(-2, 2, 6, device=d).to(dtypes[0])
+        target = torch.linspace(0, 1, 6, device=d).to(dtypes[1])
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction=reduction)
+
+    expected, got = call("cpu"), call("pjrt")
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, rtol=2e-3, atol=2e-3)

@@ -1118,7 +1118,9 @@ def binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None,
         loss = (1 - t) * x + softplus_neg
     if weight is not None:
         loss = loss * _up(weight)
-    return _reduce(loss, reduction).astype(self.dtype)
+    # CPU's composite computes in place into `1 - target`: the loss has target's dtype (float64
+    # target, float32 logits: float64; float16 target: float16)
+    return _reduce(loss, reduction).astype(target.dtype)
 
 
 def _smooth_l1(d, beta):
