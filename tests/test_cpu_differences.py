@@ -1457,3 +1457,17 @@ def test_bce_with_logits_has_the_targets_dtype(dtypes, reduction):
     expected, got = call("cpu"), call("pjrt")
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got.cpu(), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float16), (torch.float16, torch.float32),
+                                    (torch.float64, torch.float16)], ids=str)
+def test_addr_of_a_0d_self_promotes_it_as_a_dimensioned_tensor(dtypes):
+    """CPU expands self to the outer product's shape before promoting: addr(0-d float32, float16
+    vectors) is float32 (pjrt gave float16, the vectors' dtype, as if self were a wrapped number)."""
+    def call(d):
+        return torch.addr(torch.tensor(0.5, device=d).to(dtypes[0]), torch.arange(3.0, device=d).to(dtypes[1]),
+                          torch.arange(4.0, device=d).to(dtypes[1]), beta=2, alpha=3)
+
+    expected, got = call("cpu"), call("pjrt")
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected)

@@ -164,7 +164,8 @@ def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @lowering(aten.addr.default)
 def addr(self, vec1, vec2, *, beta=1, alpha=1):
-    _, out = promote(self, vec1, vec2)
+    # CPU expands self to the outer product's shape first: a 0-d self promotes as a dimensioned tensor
+    _, out = promote(jnp.atleast_1d(self), vec1, vec2)
     prod = _up(vec1.astype(out))[:, None] * _up(vec2.astype(out))[None, :]
     if out == np.dtype(np.bool_):
         # torch: logical (beta and self) or (alpha and outer)
