@@ -1471,3 +1471,46 @@ def test_addr_of_a_0d_self_promotes_it_as_a_dimensioned_tensor(dtypes):
     expected, got = call("cpu"), call("pjrt")
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32),
+                                    (torch.complex64, torch.float32)], ids=str)
+def test_solve_triangular_of_two_dtypes_solves_in_as_dtype(dtypes):
+    """CPU casts B to A's dtype; pjrt raised JAX's TypeError ("lax.triangular_solve requires
+    arguments to have the same dtypes")."""
+    def call(d):
+        a = (torch.eye(3, device=d) * 2 + torch.triu(torch.ones(3, 3, device=d), 1)).to(dtypes[0])
+        return torch.linalg.solve_triangular(a, torch.arange(6.0, device=d).view(3, 2).to(dtypes[1]), upper=True)
+
+    expected, got = call("cpu"), call("pjrt")
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.nn.functional.layer_norm(torch.ones(2, 3, device=d), (3,), torch.ones(3, dtype=torch.float64, device=d)),
+    lambda d: torch.nn.functional.group_norm(torch.ones(2, 4, 3, device=d), 2, torch.ones(4, dtype=torch.float16, device=d)),
+    lambda d: torch.zeros(3, device=d).index_add(0, torch.tensor([0, 1], device=d), torch.ones(2, dtype=torch.float64, device=d)),
+    lambda d: torch.cdist(torch.ones(2, 3, device=d), torch.ones(4, 3, dtype=torch.float64, device=d)),
+    lambda d: torch.nn.functional.grid_sample(torch.ones(1, 1, 3, 3, device=d), torch.zeros(1, 2, 2, 2, dtype=torch.float64, device=d),
+                                              align_corners=False),
+    lambda d: torch.ops.aten._softmax_backward_data(torch.ones(2, 3, dtype=torch.float64, device=d), torch.ones(2, 3, device=d),
+                                                    1, torch.float32),
+], ids=["layer_norm float64 weight", "group_norm float16 weight", "index_add float64 source", "cdist float64 x2",
+        "grid_sample float64 grid", "_softmax_backward_data float64 grad"])
+def test_operands_of_two_floating_dtypes_cpu_refuses(call):
+    """Ops that are not elementwise, over tensors of two floating dtypes: torch's meta kernels accept
+    them, CPU's kernels refuse (pjrt promoted and computed); CPU's own call decides now, once per op
+    and combination (errors.MixedDtypesRefused)."""
+    assert_raises_like_cpu(call, "mixed")
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.nn.functional.layer_norm(torch.ones(2, 3, dtype=torch.bfloat16, device=d), (3,), torch.ones(3, device=d)),
+    lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(3, 2, device=d)) + torch.ones(2, dtype=torch.float64, device=d),
+    lambda d: torch.cat([torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)]),
+    lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, device=d), torch.zeros(2, dtype=torch.float64, device=d)),
+], ids=["layer_norm bfloat16 input float32 weight (CPU's mixed dtype)", "add promotes", "cat promotes", "where promotes"])
+def test_operands_of_two_floating_dtypes_cpu_accepts(call):
+    for _ in range(2):  # the second call is not asked again
+        _same_as_cpu(call)

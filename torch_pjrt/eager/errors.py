@@ -58,6 +58,45 @@ class DtypeRefused(MetaRejected):
         refused_dtypes(self.op).discard(self.dtype)
 
 
+class MixedDtypesRefused(MetaRejected):
+    """The tensors of a call of an op that is not elementwise hold several floating dtypes: many of
+    CPU's kernels refuse that (layer_norm's float64 weight over float32 input, index_add's source,
+    cdist, grid_sample) where torch's meta kernels accept it, so CPU's own call decides, once per
+    op and combination of dtypes (an elementwise op promotes them: never asked)."""
+
+    def __init__(self, op, dtypes: tuple):
+        super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dtypes))}"))
+        self.op, self.dtypes = op, dtypes
+
+    def forget(self) -> None:
+        """CPU accepted the combination: it is not asked again."""
+        _MIXED_ACCEPTED.add((self.op, self.dtypes))
+
+
+# (op, dtypes of its tensors) CPU accepted though they mix floating dtypes (see MixedDtypesRefused)
+_MIXED_ACCEPTED: set = set()
+
+
+def check_mixed_dtypes(op, sig, values) -> None:
+    """Raise MixedDtypesRefused where the call's tensors (arrays, storage views or torch tensors)
+    hold two floating or complex dtypes or more, `op` is not elementwise, and CPU has not accepted
+    that combination yet."""
+    if torch.Tag.pointwise in op.tags:
+        return
+    dtypes = []
+    for kind, v in zip(sig.kinds, values):
+        for t in (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ()):
+            geometry = getattr(t, "geometry", None)
+            dtype = geometry.dtype if geometry is not None else getattr(t, "dtype", None)
+            if dtype is None:
+                continue
+            dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+            if (dtype.is_floating_point or dtype.is_complex) and dtype not in dtypes:
+                dtypes.append(dtype)
+    if len(dtypes) > 1 and (op, tuple(dtypes)) not in _MIXED_ACCEPTED:
+        raise MixedDtypesRefused(op, tuple(dtypes))
+
+
 def _cpu_refused() -> dict:
     path = pathlib.Path(__file__).resolve().parents[1] / "ops" / "cpu_refused_dtypes.json"
     table = json.loads(path.read_text())["refused"]
@@ -139,6 +178,7 @@ def meta_check(lowering, sig, values, concrete=None):
     replaying = fused.replaying()  # a recorded call: accepted already, only its layout is wanted
     if not replaying:
         check_dtype_on_cpu(op, sig, values)
+        check_mixed_dtypes(op, sig, values)
     kind = _call_kind(values)
     if (op, kind) in _META_UNRELIABLE:
         return None
@@ -270,7 +310,7 @@ def as_torch_error(op, args: tuple, kwargs: dict, error: Exception) -> BaseExcep
     expected = cpu_error(op, args, kwargs)
     if expected is not None:
         return expected
-    if isinstance(error, DtypeRefused):
+    if isinstance(error, (DtypeRefused, MixedDtypesRefused)):
         error.forget()
         return None
     if isinstance(error, MetaRejected):

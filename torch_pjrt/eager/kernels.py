@@ -112,7 +112,7 @@ class Kernel:
         self.sig = call.sig
         self.executable = call.executable(traced=_traced_call)
         self.refused_dtypes = errors.refused_dtypes(self.op)  # see errors.check_dtype_on_cpu
-        if not lowering.jit and self.refused_dtypes:  # a data-dependent op runs untraced: its check here
+        if not lowering.jit:  # a data-dependent op runs untraced: its dtype checks here
             self.executable = functools.partial(_dtype_checked, self, self.executable)
         self.index_probes = lowering.index_probes
         # int returns (SDPA's max_q, max_k): an executable's outputs are arrays, and torch would
@@ -212,8 +212,8 @@ class Kernel:
             if queue is not None:
                 bounds.forget_since(queue)  # this call's own index checks go with its error
             error = errors.as_torch_error(self.op, *self.sig.split(self.sig.bind(args, kwargs)), e)
-            if error is None:  # CPU accepts what the meta check refused: run unchecked
-                return self._compute(args, kwargs)
+            if error is None:  # CPU accepts what a check refused, which is off for such calls now: again
+                return self.compute(args, kwargs)  # (another check may refuse it too: each goes off once)
             if error is e:
                 raise
             raise error from error.__cause__
@@ -394,6 +394,7 @@ def _put(values, place, value):
 
 def _dtype_checked(kernel: Kernel, lower, *values):
     errors.check_dtype_on_cpu(kernel.op, kernel.sig, values, kernel.refused_dtypes)
+    errors.check_mixed_dtypes(kernel.op, kernel.sig, values)
     return lower(*values)
 
 

@@ -283,7 +283,8 @@ def triangular_solve(self, A, upper=True, transpose=False, unitriangular=False):
 
 @lowering(aten.linalg_solve_triangular.default)
 def linalg_solve_triangular(self, B, *, upper, left=True, unitriangular=False):
-    A_b, B_b = _broadcast_batch(self, B)
+    # CPU solves in A's dtype, B cast to it (float32 A, float64 B: float32); JAX refuses two dtypes
+    A_b, B_b = _broadcast_batch(self, B.astype(self.dtype))
     return lxl.triangular_solve(A_b, B_b, left_side=left, lower=not upper, unit_diagonal=unitriangular)
 
 
