@@ -1496,8 +1496,10 @@ def test_solve_triangular_of_two_dtypes_solves_in_as_dtype(dtypes):
                                               align_corners=False),
     lambda d: torch.ops.aten._softmax_backward_data(torch.ones(2, 3, dtype=torch.float64, device=d), torch.ones(2, 3, device=d),
                                                     1, torch.float32),
+    lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, device=d), torch.zeros(3, device=d), torch.ones(3, device=d),
+                                             torch.ones(3, dtype=torch.float64, device=d), training=True),
 ], ids=["layer_norm float64 weight", "group_norm float16 weight", "index_add float64 source", "cdist float64 x2",
-        "grid_sample float64 grid", "_softmax_backward_data float64 grad"])
+        "grid_sample float64 grid", "_softmax_backward_data float64 grad", "batch_norm float64 weight (decomposed)"])
 def test_operands_of_two_floating_dtypes_cpu_refuses(call):
     """Ops that are not elementwise, over tensors of two floating dtypes: torch's meta kernels accept
     them, CPU's kernels refuse (pjrt promoted and computed); CPU's own call decides now, once per op
@@ -1510,7 +1512,10 @@ def test_operands_of_two_floating_dtypes_cpu_refuses(call):
     lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(3, 2, device=d)) + torch.ones(2, dtype=torch.float64, device=d),
     lambda d: torch.cat([torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d)]),
     lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, device=d), torch.zeros(2, dtype=torch.float64, device=d)),
-], ids=["layer_norm bfloat16 input float32 weight (CPU's mixed dtype)", "add promotes", "cat promotes", "where promotes"])
+    lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, dtype=torch.bfloat16, device=d), torch.zeros(3, device=d),
+                                             torch.ones(3, device=d), torch.ones(3, device=d), training=True),
+], ids=["layer_norm bfloat16 input float32 weight (CPU's mixed dtype)", "add promotes", "cat promotes", "where promotes",
+        "batch_norm bfloat16 input float32 statistics"])
 def test_operands_of_two_floating_dtypes_cpu_accepts(call):
     for _ in range(2):  # the second call is not asked again
         _same_as_cpu(call)

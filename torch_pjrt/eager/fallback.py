@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from ..ops.registry import LOWERINGS
+from ..ops.signature import Signature
 from ..runtime import storage
 from . import decomposed, paths
 from .errors import op_label
@@ -44,6 +45,26 @@ def _is_pjrt(x) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "pjrt"
 
 
+def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
+    """A decomposition traces into the graph interpreter, past the eager kernels' checks: tensors of
+    two floating dtypes (native_batch_norm's float64 weight over float32 input) let CPU decide here,
+    once per op and combination, as an eager kernel's trace does (errors.MixedDtypesRefused)."""
+    floating = {t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)
+                and (t.dtype.is_floating_point or t.dtype.is_complex)}
+    if len(floating) < 2:  # the common case, without binding the call (tensor lists: checked below)
+        if not any(isinstance(a, (list, tuple)) for a in args):
+            return
+    from .errors import MixedDtypesRefused, as_torch_error, check_mixed_dtypes
+
+    sig = Signature.of(op)
+    try:
+        check_mixed_dtypes(op, sig, sig.bind(args, kwargs))
+    except MixedDtypesRefused as refused:
+        error = as_torch_error(op, args, kwargs, refused)  # None: CPU accepts, and is not asked again
+        if error is not None:
+            raise error from error.__cause__
+
+
 def run(op, *args, **kwargs):
     """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
     paths.entered(op_label(op))
@@ -53,6 +74,7 @@ def run(op, *args, **kwargs):
     entry = LOWERINGS.get(op)  # an entry may name what eager runs instead of torch's decomposition
     decomposition = (entry.decomposition if entry is not None else None) or decomposition_table.get(op)
     if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
+        _mixed_dtypes_as_cpu(op, args, kwargs)
         _decomposed[name] += 1
         _decomposing.add(op)
         try:
