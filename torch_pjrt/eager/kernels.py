@@ -195,7 +195,7 @@ class Kernel:
         except Exception:  # noqa: BLE001  (the Python kernel serves what the meta kernel refuses)
             return None
 
-    def compute(self, args: tuple, kwargs: dict, grow: bool = False):
+    def compute(self, args: tuple, kwargs: dict, grow: bool = False, refusals: int = 0):
         """(raw JAX result, device index, whether it is an append's exact result) for a dispatcher
         call. grow: the result may be a storage.Padded (a functional call of an op whose entry
         grows: ops/growth.py), and an exact append says so."""
@@ -212,8 +212,10 @@ class Kernel:
             if queue is not None:
                 bounds.forget_since(queue)  # this call's own index checks go with its error
             error = errors.as_torch_error(self.op, *self.sig.split(self.sig.bind(args, kwargs)), e)
-            if error is None:  # CPU accepts what a check refused, which is off for such calls now: again
-                return self.compute(args, kwargs)  # (another check may refuse it too: each goes off once)
+            if error is None and refusals < 3:  # CPU accepts what a check refused, off for such calls now:
+                return self.compute(args, kwargs, refusals=refusals + 1)  # again (another check may refuse too)
+            if error is None:
+                raise
             if error is e:
                 raise
             raise error from error.__cause__
