@@ -86,12 +86,8 @@ def check_mixed_dtypes(op, sig, values) -> None:
     dtypes = []
     for kind, v in zip(sig.kinds, values):
         for t in (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ()):
-            geometry = getattr(t, "geometry", None)
-            dtype = geometry.dtype if geometry is not None else getattr(t, "dtype", None)
-            if dtype is None:
-                continue
-            dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
-            if (dtype.is_floating_point or dtype.is_complex) and dtype not in dtypes:
+            dtype = _dtype_of(t)
+            if dtype is not None and (dtype.is_floating_point or dtype.is_complex) and dtype not in dtypes:
                 dtypes.append(dtype)
     if len(dtypes) > 1 and (op, tuple(dtypes)) not in _MIXED_ACCEPTED:
         raise MixedDtypesRefused(op, tuple(dtypes))
@@ -112,6 +108,13 @@ def refused_dtypes(op) -> set:
     return _CPU_REFUSED.setdefault(str(op), set())
 
 
+def _dtype_of(v) -> torch.dtype | None:
+    """The torch dtype of an operand: an array, a storage view or a torch tensor (None: no tensor)."""
+    geometry = getattr(v, "geometry", None)
+    dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
+    return dtype if dtype is None or isinstance(dtype, torch.dtype) else to_torch(dtype)
+
+
 def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
     """Raise DtypeRefused where the call's first tensor (an array, a storage view or a torch
     tensor) has a dtype listed for `op`."""
@@ -123,11 +126,9 @@ def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
             v = v[0]
         elif kind != TENSOR:
             continue
-        geometry = getattr(v, "geometry", None)
-        dtype = geometry.dtype if geometry is not None else getattr(v, "dtype", None)
+        dtype = _dtype_of(v)
         if dtype is None:
             continue
-        dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
         if dtype in refused:
             raise DtypeRefused(op, dtype)
         return

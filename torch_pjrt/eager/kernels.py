@@ -214,9 +214,7 @@ class Kernel:
             error = errors.as_torch_error(self.op, *self.sig.split(self.sig.bind(args, kwargs)), e)
             if error is None and refusals < 3:  # CPU accepts what a check refused, off for such calls now:
                 return self.compute(args, kwargs, refusals=refusals + 1)  # again (another check may refuse too)
-            if error is None:
-                raise
-            if error is e:
+            if error is None or error is e:
                 raise
             raise error from error.__cause__
 

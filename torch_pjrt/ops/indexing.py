@@ -483,7 +483,7 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     """scatter_reduce with the index repeated along source's other dimensions."""
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
-    _dim_index("index_reduce", self, dim, index)
+    require_dtype(index, *_INDEX_DTYPES["index_reduce"])
     dim = wrap_dim(dim, self.ndim)
     source = _as_1d(source)
     index = index.reshape(-1).reshape((1,) * dim + (-1,) + (1,) * (source.ndim - dim - 1))

@@ -498,9 +498,6 @@ class FastKernel : public c10::OperatorKernel {
     }
   }
 
-  // Whether each checked Scalar converts to the result's dtype (the dtype argument, else the first
-  // tensor's, else the value's own) as CPU's own `full` converts it ("value cannot be converted to
-  // type int8_t without overflow"); as eager/kernels._fits_as_cpu.
   // The largest finite value of a floating dtype (0 for any other dtype).
   static double largest_float(c10::ScalarType dtype) {
     switch (dtype) {
@@ -512,6 +509,8 @@ class FastKernel : public c10::OperatorKernel {
     }
   }
 
+  // Whether each checked Scalar converts to the result's dtype as CPU's own `full` converts it
+  // ("value cannot be converted to type int8_t without overflow"); as eager/kernels._fits_as_cpu.
   bool scalar_fits(c10::ArrayRef<c10::IValue> args) const {
     // The dtypes each value must fit: the dtype argument, else the first tensor's, else each of the
     // first tensor list's (a foreach op converts its Scalar to each tensor's dtype); none given:
