@@ -71,9 +71,12 @@ def test_appends_onto_a_padded_cache_are_recorded_in_cpp():
         dev = torch.cat([dev, piece.to("pjrt")], dim=2)
         assert dev.shape == ref.shape and dev.dtype == ref.dtype and dev.stride() == ref.stride()
     counts = torch_pjrt.eager_stats()["paths"]["aten::cat"]
-    # the first append (exact), the first padding, 16 -> 32, 32 -> 64; step 30's float64 piece
-    # promotes the cache in the recorded call (its result keeps the capacity)
-    assert counts["python_kernel"] <= 5 and counts["cpp_recorder"] >= 55, counts
+    # the first append (exact), the first padding, 16 -> 32, 32 -> 64; step 30's float64 piece and
+    # step 31's float32 piece onto the float64 cache are the first cats of their dtype pairs, which
+    # CPU's own call judges once per process (errors.MixedDtypesRefused: the Python kernel's, its
+    # result exact, so the cache is padded once more two steps later). Independent of what the
+    # executable store holds (CI's is empty).
+    assert counts["python_kernel"] <= 6 and counts["cpp_recorder"] >= 54, counts
     assert isinstance(storage.whole_buffer(dev), storage.Padded)
     torch.testing.assert_close(dev.cpu(), ref, rtol=0, atol=0)
     other = torch.randn(1, 2, ref.shape[2], 1, generator=g, dtype=torch.float64)
