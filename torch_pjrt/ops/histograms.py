@@ -3,11 +3,12 @@
 Each dimension's edges are torch's linspace between the range's ends (the data's min and max
 when no range is given, 0 and 1 for no data; equal ends widen by 0.5 each way) or the given
 edge tensors. An element counts in the bin whose edges hold it, the right end in the last
-bin; elements outside the range or NaN count nowhere. Unlike CPU, data with an infinite
-value and no range gives NaN edges instead of an error (the check would need a host sync).
+bin; elements outside the range or NaN count nowhere. Data with an infinite or NaN value and no
+range raises CPU's error: eager reads the data's range on the host for that (`_range_as_cpu`).
 """
 from __future__ import annotations
 
+import builtins
 import math
 
 import jax.numpy as jnp
@@ -64,7 +65,25 @@ def _count(samples, edges, weight, density: bool):
     return hist
 
 
-@lowering(aten.histogram.bin_ct)
+def _range_as_cpu(dd: bool):
+    """An `in_range`: CPU refuses a range that is not finite or whose max is below its min (in its
+    words, per dimension). Without a range it is the data's (histogramdd's coordinates along the
+    last dim), read on the host to check it: a sync only then."""
+
+    def check(values) -> bool:
+        self, range_ = values[0], values[2]
+        if range_ is None:
+            if not self.numel() or not self.dtype.is_floating_point:
+                return True
+            low, high = torch.aminmax(self.reshape(-1, self.shape[-1] if dd else 1), dim=0)
+            range_ = [v for pair in zip(low.tolist(), high.tolist()) for v in pair]
+        return all(math.isfinite(v) for v in range_) and all(
+            range_[i] <= range_[i + 1] for i in builtins.range(0, len(range_), 2))
+
+    return check
+
+
+@lowering(aten.histogram.bin_ct, in_range=_range_as_cpu(dd=False))
 def histogram_bin_ct(self, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
     samples = _samples(self, 1)
     (edges,) = _linear_edges(samples, [bins], range)
@@ -77,12 +96,12 @@ def histogram_bins_tensor(self, bins, *, weight=None, density=False):
     return _count(samples, [bins.astype(self.dtype)], weight, density), bins
 
 
-@lowering(aten._histogramdd_bin_edges.default)
+@lowering(aten._histogramdd_bin_edges.default, in_range=_range_as_cpu(dd=True))
 def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):  # noqa: A002
     return _linear_edges(_samples(self, self.shape[-1]), bins, range)
 
 
-@lowering(aten._histogramdd_from_bin_cts.default)
+@lowering(aten._histogramdd_from_bin_cts.default, in_range=_range_as_cpu(dd=True))
 def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):  # noqa: A002
     samples = _samples(self, self.shape[-1])
     return _count(samples, _linear_edges(samples, bins, range), weight, density)

@@ -100,17 +100,17 @@ def require_float(name, x):
 
 
 # --------------------------------------------------------------------------- sum / mean / prod
-@lowering(aten.sum.default, padding=reduction("zero"))
+@lowering(aten.sum.default, padding=reduction("zero"), computes_in_out_dtype=True)
 def sum(self, *, dtype=None):  # noqa: A001 (named after the op)
     return accumulate(jnp.sum, self, dtype)
 
 
-@lowering(aten.sum.dim_IntList, padding=reduction("zero"))
+@lowering(aten.sum.dim_IntList, padding=reduction("zero"), computes_in_out_dtype=True)
 def sum_dim(self, dim, keepdim=False, *, dtype=None):
     return accumulate(jnp.sum, self, dtype, axis=_reduced_dims(dim, self.ndim), keepdims=keepdim)
 
 
-@lowering(aten.nansum.default)
+@lowering(aten.nansum.default, computes_in_out_dtype=True)
 def nansum(self, dim=None, keepdim=False, *, dtype=None):
     x = jnp.where(isnan(self), jnp.zeros((), self.dtype), self)
     return sum_dim(x, dim, keepdim, dtype=dtype)
@@ -124,19 +124,19 @@ def _mean_input(name, self, dtype):
     return x
 
 
-@lowering(aten.mean.default, padding=Padding("mean"))
+@lowering(aten.mean.default, padding=Padding("mean"), computes_in_out_dtype=True)
 def mean(self, *, dtype=None):
     x = _mean_input("mean", self, dtype)
     return accumulate(jnp.mean, x, None)
 
 
-@lowering(aten.mean.dim, padding=Padding("mean"))
+@lowering(aten.mean.dim, padding=Padding("mean"), computes_in_out_dtype=True)
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
     x = _mean_input("mean", self, dtype)
     return accumulate(jnp.mean, x, None, axis=_reduced_dims(dim, x.ndim), keepdims=keepdim)
 
 
-@lowering(aten.nanmean.default)
+@lowering(aten.nanmean.default, computes_in_out_dtype=True)
 def nanmean(self, dim=None, keepdim=False, *, dtype=None):
     x = _mean_input("nanmean", self, dtype)
     axes = _reduced_dims(dim, x.ndim)
@@ -144,12 +144,12 @@ def nanmean(self, dim=None, keepdim=False, *, dtype=None):
     return (nansum(x, dim, keepdim) / count).astype(x.dtype)
 
 
-@lowering(aten.prod.default, padding=reduction("one"))
+@lowering(aten.prod.default, padding=reduction("one"), computes_in_out_dtype=True)
 def prod(self, *, dtype=None):
     return accumulate(jnp.prod, self, dtype)
 
 
-@lowering(aten.prod.dim_int, padding=reduction("one"))
+@lowering(aten.prod.dim_int, padding=reduction("one"), computes_in_out_dtype=True)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
     axes = _reduced_dims([dim], self.ndim)
     return accumulate(jnp.prod, self, dtype, axis=axes, keepdims=keepdim)
@@ -445,12 +445,12 @@ def _scan(fn, x, dim):
     return fn(x, dim)
 
 
-@lowering(aten.cumsum.default, padding=Padding("cumulative"))
+@lowering(aten.cumsum.default, padding=Padding("cumulative"), computes_in_out_dtype=True)
 def cumsum(self, dim, *, dtype=None):
     return accumulate(lambda x: _scan(lambda a, d: jnp.cumsum(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 
 
-@lowering(aten.cumprod.default, padding=Padding("cumulative"))
+@lowering(aten.cumprod.default, padding=Padding("cumulative"), computes_in_out_dtype=True)
 def cumprod(self, dim, *, dtype=None):
     return accumulate(lambda x: _scan(lambda a, d: jnp.cumprod(a, axis=d, dtype=a.dtype), x, dim), self, dtype)
 
@@ -732,7 +732,16 @@ def isin_scalar_tensor(element, test_elements, *, assume_unique=False, invert=Fa
     return _isin(element, test_elements, invert)
 
 
-@lowering(aten.histc.default)
+def _histc_range_as_cpu(values) -> bool:
+    """CPU and CUDA refuse a range that is not finite or whose max is below its min. With
+    min == max the range is the data's, read on the host as CUDA reads it (a sync only then)."""
+    self, _, low, high = values
+    if low == high and self.numel() and self.dtype.is_floating_point:
+        low, high = (v.item() for v in torch.aminmax(self))
+    return math.isfinite(low) and math.isfinite(high) and low <= high
+
+
+@lowering(aten.histc.default, in_range=_histc_range_as_cpu)
 def histc(self, bins=100, min=0, max=0):  # noqa: A002
     """Floats as torch's CPU kernel; integers as CUDA's (CPU refuses them, and transformers'
     MoE routing calls histc on int32 on every accelerator): the bounds cast to the input's
