@@ -47,11 +47,10 @@ def _is_pjrt(x) -> bool:
 
 def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
     """A decomposition traces into the graph interpreter, past the eager kernels' checks: tensors of
-    two floating dtypes (native_batch_norm's float64 weight over float32 input) let CPU decide here,
+    two dtypes (native_batch_norm's float64 or int64 weight over float32 input) let CPU decide here,
     once per op and combination, as an eager kernel's trace does (errors.MixedDtypesRefused)."""
-    floating = {t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)
-                and (t.dtype.is_floating_point or t.dtype.is_complex)}
-    if len(floating) < 2:  # the common case, without binding the call (tensor lists: checked below)
+    dtypes = {t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dtype != torch.bool}
+    if len(dtypes) < 2:  # the common case, without binding the call (tensor lists: checked below)
         if not any(isinstance(a, (list, tuple)) for a in args):
             return
     from .errors import MixedDtypesRefused, as_torch_error, check_mixed_dtypes
@@ -65,6 +64,38 @@ def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
             raise error from error.__cause__
 
 
+# (op, dtypes of its tensor arguments) of out= calls whose out dtype CPU accepted, not asked again
+_OUT_DTYPES_CPU_ACCEPTS: set = set()
+
+
+def _out_dtype_as_cpu(op, args, kwargs) -> None:
+    """A decomposition casts its result into an out= tensor of another dtype where `can_cast`
+    allows (torch._refs' out wrapper); CPU's kernels have rules of their own (conj_physical wants
+    out's exact dtype, "Found dtype Double but expected Float"). An out= call with an out of
+    another dtype than its first tensor lets CPU decide first, once per op and dtypes."""
+    written = Signature.of(op).written
+    if not written or not args or not isinstance(args[0], torch.Tensor):
+        return
+    sig = Signature.of(op)
+    outs = [v for i, v in enumerate(sig.bind(args, kwargs)) if i in written]
+    if all(t.dtype == args[0].dtype for t in _tensors_in(outs)):
+        return
+    key = (op, tuple(t.dtype for t in _tensors_in([*args, *kwargs.values()])))
+    if key in _OUT_DTYPES_CPU_ACCEPTS:
+        return
+    from .errors import raise_as_cpu
+
+    raise_as_cpu(op, args, kwargs)
+    _OUT_DTYPES_CPU_ACCEPTS.add(key)
+
+
+def _tensors_in(values) -> list:
+    out = []
+    for v in values:
+        out.extend(t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor))
+    return out
+
+
 def run(op, *args, **kwargs):
     """The boxed PrivateUse1 fallback: every op without a pjrt kernel lands here."""
     paths.entered(op_label(op))
@@ -75,6 +106,7 @@ def run(op, *args, **kwargs):
     decomposition = (entry.decomposition if entry is not None else None) or decomposition_table.get(op)
     if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
         _mixed_dtypes_as_cpu(op, args, kwargs)
+        _out_dtype_as_cpu(op, args, kwargs)
         _decomposed[name] += 1
         _decomposing.add(op)
         try:

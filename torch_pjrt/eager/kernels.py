@@ -475,15 +475,18 @@ def _dense_strides(shape: tuple, perm: tuple) -> tuple:
     return tuple(strides)
 
 
-def _store(op, target: torch.Tensor, value: jax.Array, resize: bool, warn_on_resize: bool = True) -> None:
+def _store(op, target: torch.Tensor, value: jax.Array, resize: bool, warn_on_resize: bool = True,
+           any_dtype: bool = False) -> None:
     """Write a kernel result into an existing tensor (self of op_, or an out= tensor). warn_on_resize:
-    False for an op that resizes its out= itself on CPU, with its own warning or none."""
+    False for an op that resizes its out= itself on CPU, with its own warning or none. any_dtype: cast
+    into target whatever its dtype (an op that computes in out's dtype)."""
     if _rt.store_whole(target, value):  # the common case (a foreach step's every tensor): in C++
         return
     perm = None
     if isinstance(value, storage.Permuted):  # the target keeps its own layout
         value, perm = value.logical(), value.perm
-    _check_castable(op, to_torch(value.dtype), target)
+    if not any_dtype:
+        _check_castable(op, to_torch(value.dtype), target)
     if not resize and target.is_complex() and not jnp.issubdtype(value.dtype, jnp.complexfloating):
         name = _name(op).rstrip("_")
         if name in NO_COMPLEX_IN_PLACE:
@@ -585,15 +588,23 @@ class OutKernel:
         self.op, self.functional = op, functional
         sig = Signature.of(op)
         self.out_names = [sig.names[i] for i in sig.written]
+        names = functional.sig.names
+        # an op that computes in out's dtype (its entry's computes_in_out_dtype) takes it as its `dtype`
+        # argument where it has one, else its result is cast into out (bernoulli's 0 and 1: exact)
+        in_out_dtype = functional.lowering.computes_in_out_dtype and len(self.out_names) == 1
+        self.dtype_at = names.index("dtype") if in_out_dtype and "dtype" in names else None
+        self.cast_into_out = in_out_dtype and self.dtype_at is None
 
     def __call__(self, *args, **kwargs):
         outs = [kwargs[n] for n in self.out_names]
         errors.check_writes(self.op, args, kwargs, _flat_tensors(outs))  # out='s rules are the op's own
         call = dict(kwargs)
         outs = [kwargs.pop(n) for n in self.out_names]
+        functional_args, functional_kwargs = self._in_out_dtype(args, kwargs, outs[0]) if self.dtype_at is not None \
+            else (args, kwargs)
         queue = bounds.mark() if self.functional.index_probes is not None else None
         try:
-            result, _, _ = self.functional.compute(args, kwargs)
+            result, _, _ = self.functional.compute(functional_args, functional_kwargs)
         except Exception as e:  # noqa: BLE001  (the failure path only)
             if not isinstance(e, errors._DEVICE_ERRORS) and not fused.interruption(e):  # (out of memory: CPU would not say more)
                 errors.raise_as_cpu(self.op, args, call)  # CPU checks out='s own arguments first (its dtype)
@@ -613,10 +624,20 @@ class OutKernel:
                 for t, v in zip(target, value):
                     _store(self.op, t, v, resize=True)
             else:
-                _store(self.op, target, value, resize=True)
+                _store(self.op, target, value, resize=True, any_dtype=self.cast_into_out)
         if not self.op._schema.returns:  # e.g. split_with_sizes_copy.out, whose Tensor[] out returns ()
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+    def _in_out_dtype(self, args, kwargs, out: torch.Tensor):
+        """The call with out's dtype as its `dtype` where it names none and out's dtype is not its
+        input's (only then: the usual call keeps its executable)."""
+        values = self.functional.sig.bind(args, kwargs)
+        if values[self.dtype_at] is not None or out.dtype == values[0].dtype:
+            return args, kwargs
+        values[self.dtype_at] = out.dtype
+        return self.functional.sig.split(values)
 
 
 def _item(args, i: int, n: int) -> list:

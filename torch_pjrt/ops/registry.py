@@ -171,6 +171,10 @@ class Lowering:
     # overflow"): eager checks each call's values as CPU does, in the C++ fast path and the Python
     # kernel alike (their values are traced), and lets CPU name the error where one does not fit.
     scalar_fits: tuple = ()
+    # CPU computes the op in its out= tensor's dtype when the call names no `dtype` (sum, prod, mean,
+    # cumsum: the input is cast to out's dtype first, so sum([0.6, 0.6, 0.6], out=<int64>) is 0, not
+    # 1; an integer out of a float input is accepted): eager's out= kernel passes out's dtype as `dtype`.
+    computes_in_out_dtype: bool = False
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
@@ -182,7 +186,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
              in_range: Callable | None = None, split: dict | None = None,
-             own_gradient: bool = False, resizes_out: bool = False, scalar_fits: str | tuple = ()) -> Callable:
+             own_gradient: bool = False, resizes_out: bool = False, scalar_fits: str | tuple = (),
+             computes_in_out_dtype: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -203,7 +208,8 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
                                      tuple(sorted((split or {}).items())), own_gradient, resizes_out,
-                                     (scalar_fits,) if isinstance(scalar_fits, str) else tuple(scalar_fits))
+                                     (scalar_fits,) if isinstance(scalar_fits, str) else tuple(scalar_fits),
+                                     computes_in_out_dtype)
         return fn
 
     return register
