@@ -159,9 +159,13 @@ def test_known_differences_still_differ():
         assert out_differences(lambda n: n == name), f"{name} now does what CPU does: remove it from KNOWN"
 
 
-def test_reductions_cast_their_input_to_an_integer_out_first():
-    """CPU's sum, prod and cumsum compute in out's dtype: the input is truncated before it is summed."""
-    x = torch.tensor([[0.6, 0.6, 0.6], [1.7, -1.7, 2.5]])
+@pytest.mark.parametrize("x", [torch.tensor([[0.6, 0.6, 0.6], [1.7, -1.7, 2.5]]),
+                               torch.tensor([[True, False, True], [False, False, True]]),
+                               torch.tensor([[100, 100, 100], [-3, 5, 7]], dtype=torch.int8)],
+                         ids=["float32", "bool", "int8"])
+def test_reductions_cast_their_input_to_an_integer_out_first(x):
+    """CPU's sum, prod and cumsum compute in out's dtype: the input is truncated before it is summed,
+    and a bool or int8 input sums into an out of its own dtype (without `dtype` its result is int64)."""
     calls = {
         "sum": lambda t, out: torch.sum(t, 1, out=out),
         "prod": lambda t, out: torch.prod(t, 1, out=out),
@@ -170,7 +174,7 @@ def test_reductions_cast_their_input_to_an_integer_out_first():
         "cumprod": lambda t, out: torch.cumprod(t, 1, out=out),
     }
     for name, call in calls.items():
-        for dtype in (torch.int64, torch.int32, torch.bool):
+        for dtype in (torch.int64, torch.int32, torch.bool, torch.int8):
             shape = (2, 3) if name.startswith("cum") else (2,)
             try:
                 expected = call(x, torch.zeros(shape, dtype=dtype))

@@ -631,10 +631,12 @@ class OutKernel:
 
 
     def _in_out_dtype(self, args, kwargs, out: torch.Tensor):
-        """The call with out's dtype as its `dtype` where it names none and out's dtype is not its
-        input's (only then: the usual call keeps its executable)."""
+        """The call with out's dtype as its `dtype` where it names none, unless out has the float
+        input's own dtype (the usual call keeps its executable; an integer input's result is int64
+        without `dtype`, so sum(bool, out=<bool>) needs it)."""
         values = self.functional.sig.bind(args, kwargs)
-        if values[self.dtype_at] is not None or out.dtype == values[0].dtype:
+        if values[self.dtype_at] is not None or out.dtype == values[0].dtype and (
+                out.dtype.is_floating_point or out.dtype.is_complex):
             return args, kwargs
         values[self.dtype_at] = out.dtype
         return self.functional.sig.split(values)
