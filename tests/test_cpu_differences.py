@@ -1498,12 +1498,23 @@ def test_solve_triangular_of_two_dtypes_solves_in_as_dtype(dtypes):
                                                     1, torch.float32),
     lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, device=d), torch.zeros(3, device=d), torch.ones(3, device=d),
                                              torch.ones(3, dtype=torch.float64, device=d), training=True),
+    lambda d: torch.nn.functional.layer_norm(torch.ones(2, 3, device=d), (3,), None, torch.ones(3, dtype=torch.int64, device=d)),
+    lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, device=d), None, None,
+                                             torch.ones(3, dtype=torch.int64, device=d), training=True),
+    lambda d: torch.zeros(3, dtype=torch.int64, device=d).index_add(0, torch.tensor([0, 1], device=d), torch.ones(2, device=d)),
+    lambda d: torch.zeros(3, device=d).index_copy(0, torch.tensor([0, 1], device=d), torch.ones(2, dtype=torch.int64, device=d)),
+    lambda d: torch.nn.functional.cross_entropy(torch.ones(2, 3, device=d), torch.tensor([0, 1], device=d),
+                                                weight=torch.ones(3, dtype=torch.int64, device=d)),
+    lambda d: torch.nn.functional.binary_cross_entropy(torch.full((2, 3), 0.5, device=d),
+                                                       torch.ones(2, 3, dtype=torch.int64, device=d)),
 ], ids=["layer_norm float64 weight", "group_norm float16 weight", "index_add float64 source", "cdist float64 x2",
-        "grid_sample float64 grid", "_softmax_backward_data float64 grad", "batch_norm float64 weight (decomposed)"])
-def test_operands_of_two_floating_dtypes_cpu_refuses(call):
-    """Ops that are not elementwise, over tensors of two floating dtypes: torch's meta kernels accept
-    them, CPU's kernels refuse (pjrt promoted and computed); CPU's own call decides now, once per op
-    and combination (errors.MixedDtypesRefused)."""
+        "grid_sample float64 grid", "_softmax_backward_data float64 grad", "batch_norm float64 weight (decomposed)",
+        "layer_norm int64 bias", "batch_norm int64 weight (decomposed)", "index_add float32 source into int64",
+        "index_copy int64 source", "cross_entropy int64 weight", "binary_cross_entropy int64 target"])
+def test_operands_of_two_dtypes_cpu_refuses(call):
+    """Ops that are not elementwise, over tensors of two dtypes (index tensors aside): torch's meta
+    kernels accept them, CPU's kernels refuse (pjrt promoted and computed); CPU's own call decides
+    now, once per op and combination (errors.MixedDtypesRefused)."""
     assert_raises_like_cpu(call, "mixed")
 
 
@@ -1514,8 +1525,13 @@ def test_operands_of_two_floating_dtypes_cpu_refuses(call):
     lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, device=d), torch.zeros(2, dtype=torch.float64, device=d)),
     lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, dtype=torch.bfloat16, device=d), torch.zeros(3, device=d),
                                              torch.ones(3, device=d), torch.ones(3, device=d), training=True),
+    lambda d: torch.cat([torch.ones(2, device=d), torch.ones(2, dtype=torch.int64, device=d)]),
+    lambda d: torch.gather(torch.ones(2, 3, device=d), 1, torch.tensor([[0], [2]], dtype=torch.int32, device=d)),
+    lambda d: torch.nn.functional.embedding(torch.tensor([0, 2], device=d), torch.arange(6.0, device=d).view(3, 2)),
+    lambda d: torch.nn.functional.mse_loss(torch.ones(2, 3, device=d), torch.zeros(2, 3, dtype=torch.int64, device=d)),
 ], ids=["layer_norm bfloat16 input float32 weight (CPU's mixed dtype)", "add promotes", "cat promotes", "where promotes",
-        "batch_norm bfloat16 input float32 statistics"])
-def test_operands_of_two_floating_dtypes_cpu_accepts(call):
+        "batch_norm bfloat16 input float32 statistics", "cat of float32 and int64 promotes", "gather's int32 index",
+        "embedding's indices", "mse_loss int64 target"])
+def test_operands_of_two_dtypes_cpu_accepts(call):
     for _ in range(2):  # the second call is not asked again
         _same_as_cpu(call)

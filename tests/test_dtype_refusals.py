@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.ops.harness import assert_raises_like_cpu
 from torch_pjrt.eager import errors
 
 _Z = torch.tensor([[1 + 1j, 2 - 1j], [0.5j, 3.0]])
@@ -44,19 +45,38 @@ def test_a_dtype_cuda_computes_is_computed():
 
 def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten(monkeypatch):
     """The table keys the first tensor's dtype; `floor_divide(bool, int)` promotes to int, which CPU
-    accepts (two bools it refuses): that call runs, and the pair leaves the table."""
+    accepts (two bools it refuses): that call runs, and such calls are not asked again."""
     from torch_pjrt.runtime import executable_store
 
     # The check runs where the call is traced: not when an executable of the same signature is read
     # from the store (kept by an earlier process or another test worker) or traced earlier in this
     # process. No store, and shapes no other test uses.
     monkeypatch.setitem(executable_store._state, "folder", None)
-    refused = errors.refused_dtypes(torch.ops.aten.floor_divide.default)  # the set the kernel checks
-    refused.add(torch.bool)  # as listed (a call earlier in this process may have dropped it)
+    monkeypatch.setattr(errors, "_DTYPE_ACCEPTED", set())  # (a call earlier in this process may have been accepted)
+    op = torch.ops.aten.floor_divide.default
+    assert torch.bool in errors.refused_dtypes(op)
     a = torch.tensor([True, False, True, True, False, True, False]).reshape(7, 1, 1)
     b = torch.tensor([2, 3, -1, 5, -7]).reshape(1, 5, 1)
     assert torch.equal(torch.floor_divide(a.to("pjrt"), b.to("pjrt")).cpu(), torch.floor_divide(a, b))
-    assert torch.bool not in refused
+    assert errors._DTYPE_ACCEPTED == {(op, torch.bool, False)}
+
+
+# A call's `dtype=` argument is the dtype CPU's kernel dispatches on: factories have no tensor, and
+# cumsum of a float tensor into bool is refused though cumsum of a bool tensor (computed in int64)
+# is accepted: accepting the second must not let the first through.
+DTYPE_ARGUMENT_REFUSED = {
+    "arange bool": lambda d: torch.arange(0, 5, dtype=torch.bool, device=d),
+    "arange complex": lambda d: torch.arange(0, 5, 2, dtype=torch.complex64, device=d),
+    "linspace bool": lambda d: torch.linspace(0, 5, 3, dtype=torch.bool, device=d),
+    "randn int": lambda d: torch.randn(3, dtype=torch.int32, device=d),
+    "cumsum float into bool": lambda d: torch.cumsum(torch.ones(3, device=d), 0, dtype=torch.bool),
+}
+
+
+@pytest.mark.parametrize("name", DTYPE_ARGUMENT_REFUSED)
+def test_a_refused_dtype_argument_raises_as_cpu(name):
+    torch.cumsum(torch.ones(3, dtype=torch.bool, device="pjrt"), 0)  # CPU accepts: a bool tensor's cumsum
+    assert_raises_like_cpu(DTYPE_ARGUMENT_REFUSED[name], name)
 
 
 def test_common_dtypes_of_hot_ops_are_not_listed():

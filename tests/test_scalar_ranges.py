@@ -5,6 +5,7 @@ what CPU computes. Such calls wrapped, saturated or clamped nothing, silently (i
 entry's `scalar_fits` names the Scalars CPU converts. New entries are covered by construction."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -45,9 +46,20 @@ def _ops() -> list:
                    and not op._schema.is_mutable and "out" not in op._overloadname), key=str)
 
 
+def _is_factory(op) -> bool:
+    """No tensor argument; the result's dtype and device are keyword arguments (full, linspace)."""
+    return not any("Tensor" in str(a.type) for a in op._schema.arguments)
+
+
 def _arguments(op, dtype, value, device):
     """The op's leading positional arguments: tensors [1, 2, 3] in `dtype`, every Scalar `value`,
-    dims 0; None where a required argument is of another kind."""
+    dims 0 (a factory's sizes and counts 3, and its dtype and device as keywords); None where a
+    required argument is of another kind."""
+    if _is_factory(op):
+        neutral = {"int": 3, "List[int]": [3], "SymInt": 3, "List[SymInt]": [3]}
+        args = [value if _is_scalar(a) else neutral[str(a.type)] for a in op._schema.arguments
+                if not a.kwarg_only and not a.has_default_value()]
+        return functools.partial(op, dtype=dtype, device=device), args
     args = []
     for a in op._schema.arguments:
         if a.kwarg_only and a.has_default_value():
@@ -64,7 +76,7 @@ def _arguments(op, dtype, value, device):
             args.append(_NEUTRAL[str(a.type)])
         else:
             return None
-    return args
+    return op, args
 
 
 # a required argument of another kind: a value every such op takes for a 1-d tensor
@@ -72,7 +84,10 @@ _NEUTRAL = {"int": 0, "SymInt": 0, "List[int]": [0], "List[SymInt]": [0], "bool"
             "str": "floor"}
 
 
-def _outcome(op, args):
+def _outcome(call):
+    if call is None:
+        return None
+    op, args = call
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -88,12 +103,12 @@ def _outcome(op, args):
 def test_a_scalar_out_of_its_dtypes_range_does_what_cpu_does(op):
     checked = 0
     for dtype, value in OUT_OF_RANGE:
-        cpu_args = _arguments(op, dtype, value, "cpu")
-        if cpu_args is None:
+        cpu_call = _arguments(op, dtype, value, "cpu")
+        if cpu_call is None:
             pytest.skip(f"{op} takes a required argument that is neither a tensor nor a Scalar")
         if (str(op), dtype) in KNOWN_DIFFERENCES:
             continue
-        expected, got = _outcome(op, cpu_args), _outcome(op, _arguments(op, dtype, value, "pjrt"))
+        expected, got = _outcome(cpu_call), _outcome(_arguments(op, dtype, value, "pjrt"))
         case = f"{op}({dtype}, {value})"
         if isinstance(expected, tuple):
             if (str(op), dtype) in COMPUTED_BY_DECISION:

@@ -46,23 +46,26 @@ class MetaRejected(Exception):
 
 
 class DtypeRefused(MetaRejected):
-    """The call's first tensor has a dtype CPU torch has no kernel of this op for
-    (ops/cpu_refused_dtypes.json): CPU's own call decides what to raise."""
+    """The call dispatches on a dtype CPU torch has no kernel of this op for
+    (ops/cpu_refused_dtypes.json; see `dispatch_dtype`): CPU's own call decides what to raise."""
 
-    def __init__(self, op, dtype: torch.dtype):
+    def __init__(self, op, dtype: torch.dtype, from_argument: bool):
         super().__init__(NotImplementedError(f"{op_label(op)}: no CPU kernel for {dtype}"))
-        self.op, self.dtype = op, dtype
+        self.op, self.dtype, self.from_argument = op, dtype, from_argument
 
     def forget(self) -> None:
-        """CPU accepted the call after all (its dtype is not the one its kernel dispatches on)."""
-        refused_dtypes(self.op).discard(self.dtype)
+        """CPU accepted the call after all (its dtype is not the one its kernel dispatches on:
+        cumsum of a bool tensor computes in int64). Only calls whose dtype comes from the same
+        place are let through from now on: cumsum(dtype=torch.bool) is still asked."""
+        _DTYPE_ACCEPTED.add((self.op, self.dtype, self.from_argument))
 
 
 class MixedDtypesRefused(MetaRejected):
-    """The tensors of a call of an op that is not elementwise hold several floating dtypes: many of
-    CPU's kernels refuse that (layer_norm's float64 weight over float32 input, index_add's source,
-    cdist, grid_sample) where torch's meta kernels accept it, so CPU's own call decides, once per
-    op and combination of dtypes (an elementwise op promotes them: never asked)."""
+    """The tensors of a call of an op that is not elementwise hold several dtypes (index tensors
+    and boolean masks aside): many of CPU's kernels refuse that (layer_norm's float64 or int64
+    weight over float32 input, index_add's source, cdist, grid_sample) where torch's meta kernels
+    accept it, so CPU's own call decides, once per op and combination of dtypes (an elementwise op
+    promotes them: never asked)."""
 
     def __init__(self, op, dtypes: tuple):
         super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dtypes))}"))
@@ -73,24 +76,44 @@ class MixedDtypesRefused(MetaRejected):
         _MIXED_ACCEPTED.add((self.op, self.dtypes))
 
 
-# (op, dtypes of its tensors) CPU accepted though they mix floating dtypes (see MixedDtypesRefused)
+# (op, dtypes of its tensors) CPU accepted though they mix dtypes (see MixedDtypesRefused)
 _MIXED_ACCEPTED: set = set()
 
 
 def check_mixed_dtypes(op, sig, values) -> None:
     """Raise MixedDtypesRefused where the call's tensors (arrays, storage views or torch tensors)
-    hold two floating or complex dtypes or more, `op` is not elementwise, and CPU has not accepted
-    that combination yet."""
+    hold two dtypes or more, its index tensors (the entry's `index_probes`) and boolean masks aside,
+    `op` is not elementwise, and CPU has not accepted that combination yet."""
     if torch.Tag.pointwise in op.tags:
         return
-    dtypes = []
+    dtypes = _dtypes_but_bool(_operands(sig, values))
+    if len(dtypes) > 1 and (indices := _index_tensors(op, values)):
+        dtypes = _dtypes_but_bool(t for t in _operands(sig, values) if not any(t is i for i in indices))
+    if len(dtypes) > 1 and (op, dtypes) not in _MIXED_ACCEPTED:
+        raise MixedDtypesRefused(op, dtypes)
+
+
+def _operands(sig, values):
+    """The call's tensors, those of tensor lists included."""
     for kind, v in zip(sig.kinds, values):
-        for t in (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ()):
-            dtype = _dtype_of(t)
-            if dtype is not None and (dtype.is_floating_point or dtype.is_complex) and dtype not in dtypes:
-                dtypes.append(dtype)
-    if len(dtypes) > 1 and (op, tuple(dtypes)) not in _MIXED_ACCEPTED:
-        raise MixedDtypesRefused(op, tuple(dtypes))
+        yield from (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ())
+
+
+def _dtypes_but_bool(tensors) -> tuple:
+    return tuple(dict.fromkeys(d for d in map(_dtype_of, tensors) if d not in (None, torch.bool)))
+
+
+def _index_tensors(op, values) -> list:
+    """The tensors of a call its table entry indexes with (index_add's index, embedding's indices)."""
+    from ..ops.registry import LOWERINGS
+
+    entry = LOWERINGS.get(op)
+    if entry is None or entry.index_probes is None:
+        return []
+    try:
+        return [probe[0] for probe in entry.index_probes(list(values)) if probe[0] is not None]
+    except Exception:  # noqa: BLE001  (values a probe cannot read: no index excluded, CPU decides)
+        return []
 
 
 def _cpu_refused() -> dict:
@@ -99,12 +122,14 @@ def _cpu_refused() -> dict:
     return {op: {getattr(torch, d[len("torch."):]) for d in dtypes} for op, dtypes in table.items()}
 
 
-# aten overload name -> dtypes of its first tensor argument CPU has no kernel for (tools/cpu_dtypes.py)
+# aten overload name -> dispatch dtypes CPU has no kernel for (tools/cpu_dtypes.py)
 _CPU_REFUSED: dict = _cpu_refused()
+# (op, dtype, from its dtype argument) CPU accepted though the table lists the dtype (DtypeRefused.forget)
+_DTYPE_ACCEPTED: set = set()
 
 
 def refused_dtypes(op) -> set:
-    """The dtypes of its first tensor CPU and CUDA have no kernel of `op` for (shared, updated in place)."""
+    """The dispatch dtypes CPU and CUDA have no kernel of `op` for."""
     return _CPU_REFUSED.setdefault(str(op), set())
 
 
@@ -115,23 +140,34 @@ def _dtype_of(v) -> torch.dtype | None:
     return dtype if dtype is None or isinstance(dtype, torch.dtype) else to_torch(dtype)
 
 
-def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
-    """Raise DtypeRefused where the call's first tensor (an array, a storage view or a torch
-    tensor) has a dtype listed for `op`."""
-    refused = refused_dtypes(op) if refused is None else refused
-    if not refused:
-        return
-    for kind, v in zip(sig.kinds, values):
+def dispatch_dtype(names, kinds, values) -> tuple[torch.dtype | None, bool]:
+    """(the dtype a CPU kernel of the call dispatches on, whether it is the call's `dtype`
+    argument): that argument where given (arange(dtype=torch.bool), cumsum(x, dtype=torch.bool)),
+    else the first tensor's (an array, a storage view or a torch tensor). tools/cpu_dtypes.py
+    builds the table by the same rule."""
+    for name, v in zip(names, values):
+        if name == "dtype" and isinstance(v, torch.dtype):
+            return v, True
+    for kind, v in zip(kinds, values):
         if kind == TENSOR_LIST and isinstance(v, (list, tuple)) and v:
             v = v[0]
         elif kind != TENSOR:
             continue
         dtype = _dtype_of(v)
-        if dtype is None:
-            continue
-        if dtype in refused:
-            raise DtypeRefused(op, dtype)
+        if dtype is not None:
+            return dtype, False
+    return None, False
+
+
+def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
+    """Raise DtypeRefused where the call's dispatch dtype is listed for `op` and CPU has not
+    accepted such a call yet."""
+    refused = refused_dtypes(op) if refused is None else refused
+    if not refused:
         return
+    dtype, from_argument = dispatch_dtype(sig.names, sig.kinds, values)
+    if dtype in refused and (op, dtype, from_argument) not in _DTYPE_ACCEPTED:
+        raise DtypeRefused(op, dtype, from_argument)
 
 
 # (op, call kind) whose meta check rejected a call that CPU accepts: such calls trace unchecked. Kept

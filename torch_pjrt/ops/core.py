@@ -27,7 +27,10 @@ def _arange_dtype(start, end, step, dtype):
     return to_jax(torch.get_default_dtype())
 
 
-@lowering(aten.arange.start_step, static=("start", "end", "step"), padding=Padding("arange"))
+# CPU's kernel converts start and step to the dtype it computes in, with an overflow check
+# (bfloat16 from 1e39: "value cannot be converted to type float"); end only fixes the length
+@lowering(aten.arange.start_step, static=("start", "end", "step"), padding=Padding("arange"),
+          scalar_fits=("start", "step"))
 def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
     """Lengths and values follow torch: computed in float64 (or int64), then cast."""
     out = _arange_dtype(start, end, step, dtype)
@@ -49,7 +52,7 @@ def _arange_out_warns_as_cpu(values) -> bool:
 
 
 @lowering(aten.arange.start_out, static=("start", "end", "step"), in_range=_arange_out_warns_as_cpu,
-          resizes_out=True, not_paddable="writes an existing out= tensor in its own shape")
+          resizes_out=True, scalar_fits=("start", "step"), not_paddable="writes an existing out= tensor in its own shape")
 def arange_start_out(start, end, step=1, *, out):
     """arange(..., out=): CPU resizes `out` only when its element count differs, and otherwise
     writes the values in out's own shape and element order (torch's generic out= rule, which

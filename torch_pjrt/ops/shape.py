@@ -399,7 +399,7 @@ def arange(end, *, dtype=None, layout=None, device=None, pin_memory=None):
     return core.arange(0, end, 1, dtype=dtype)
 
 
-@lowering(aten.arange.start, static=("start", "end"), padding=Padding("arange"))
+@lowering(aten.arange.start, static=("start", "end"), padding=Padding("arange"), scalar_fits="start")
 def arange_start(start, end, *, dtype=None, layout=None, device=None, pin_memory=None):
     return core.arange(start, end, 1, dtype=dtype)
 
@@ -452,10 +452,12 @@ def logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=No
     return convert(jnp.power(jnp.asarray(base, wide), exps.astype(wide)), dt)  # pow in double, as torch
 
 
+# CPU converts Scalar ends to the result's dtype with an overflow check (int8 300, float16 1e6)
+_ENDS = ("start", "end")
 for _op in (aten.linspace.default, aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor):
-    lowering(_op)(linspace)
+    lowering(_op, scalar_fits=_ENDS)(linspace)
 for _op in (aten.logspace.default, aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor):
-    lowering(_op)(logspace)
+    lowering(_op, scalar_fits=_ENDS)(logspace)
 
 
 def _in_out_shape(values, out):
@@ -475,7 +477,7 @@ def logspace_out(start, end, steps, base=10.0, *, out):
 
 for _op in (aten.linspace.out, aten.linspace.Tensor_Tensor_out, aten.linspace.Tensor_Scalar_out,
             aten.linspace.Scalar_Tensor_out):
-    lowering(_op, resizes_out=True)(linspace_out)  # CPU resizes out quietly
+    lowering(_op, resizes_out=True, scalar_fits=_ENDS)(linspace_out)  # CPU resizes out quietly
 for _op in (aten.logspace.out, aten.logspace.Tensor_Tensor_out, aten.logspace.Tensor_Scalar_out,
             aten.logspace.Scalar_Tensor_out):
-    lowering(_op, resizes_out=True)(logspace_out)
+    lowering(_op, resizes_out=True, scalar_fits=_ENDS)(logspace_out)

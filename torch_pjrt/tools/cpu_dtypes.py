@@ -3,12 +3,12 @@ PyTorch's OpInfos.
 
 torch's meta kernels accept every dtype; CPU's kernels refuse many ("max_values_cpu" not
 implemented for 'ComplexFloat', "cholesky_cpu" not implemented for 'Half'), and XLA computes
-most of them anyway. So eager checks a call's first tensor argument against this table at trace
-time (errors.meta_check), and where it is listed, CPU's own call decides what to raise.
+most of them anyway. So eager checks a call's dispatch dtype (its `dtype` argument where given,
+else its first tensor's) against this table at trace time (errors.meta_check), and where it is listed, CPU's own call decides what to raise.
 
 For every OpInfo and every dtype its CPU and CUDA lists leave out, a sample per input rank runs on the CPU
 under a dispatch mode that notes each aten op the error passed through, with the dtype of
-that op's first tensor argument; the table is those (op, dtype) pairs where that dtype is the
+that op's dispatch dtype; the table is those (op, dtype) pairs where that dtype is the
 sample's and CPU's error names it (or its kind: complex, boolean, integral).
 
     python -m torch_pjrt.tools.cpu_dtypes          # rewrites torch_pjrt/ops/cpu_refused_dtypes.json
@@ -56,19 +56,22 @@ def _other_names(dtype) -> list[str]:
     return names
 
 
-def _first_tensor(args, kwargs):
-    import torch
+def _dispatch_dtype(func, args, kwargs):
+    """The dtype the call of aten op `func` dispatches on, by eager's rule
+    (errors.dispatch_dtype: its `dtype` argument where given, else its first tensor's)."""
+    from ..eager.errors import dispatch_dtype
+    from ..ops.signature import Signature
 
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return a[0]
-    return None
+    try:
+        sig = Signature.of(func)
+        dtype, _ = dispatch_dtype(sig.names, sig.kinds, sig.bind(args, kwargs))
+    except (AttributeError, TypeError):  # not an aten overload with a schema
+        return None
+    return dtype
 
 
 def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
-    """{aten overload name: [dtypes CPU refuses for its first tensor argument]}."""
+    """{aten overload name: [dispatch dtypes CPU refuses]}."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -77,15 +80,15 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
     class Innermost(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.failed = []  # (op, dtype of its first tensor argument), innermost first
+            self.failed = []  # (op, its dispatch dtype), innermost first
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             try:
                 return func(*args, **kwargs)
             except Exception:
-                first = _first_tensor(args, kwargs)
-                self.failed.append((str(func), str(first.dtype) if first is not None else None))
+                dtype = _dispatch_dtype(func, args, kwargs)
+                self.failed.append((str(func), str(dtype) if dtype is not None else None))
                 raise
 
     def expire(*_):
@@ -94,9 +97,10 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
     signal.signal(signal.SIGALRM, expire)
 
     def refusals_of(op, dtype) -> set:
-        """refusal() over one sample per input rank among the OpInfo's first 30 samples (1-d, 2-d
-        and 3-d upsampling each reach an op of their own)."""
-        found, ranks = set(), set()
+        """refusal() per input rank among the OpInfo's first 30 samples (1-d, 2-d and 3-d
+        upsampling each reach an op of their own): a rank's samples until one is refused, at most
+        5 (a factory's first samples may run no kernel: linspace of 0 and 1 steps; all of them)."""
+        found, tried = set(), {}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -105,9 +109,10 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
             return found
         for sample in samples:
             rank = getattr(sample.input, "ndim", None)
-            if rank not in ranks:
-                ranks.add(rank)
-                found.update(refusal(op, dtype, sample))
+            if tried.get(rank, 0) < (30 if rank is None else 5):  # a factory's samples: cheap
+                refused = refusal(op, dtype, sample)
+                found.update(refused)
+                tried[rank] = 5 if refused else tried.get(rank, 0) + 1
         return found
 
     def refusal(op, dtype, sample) -> list:
