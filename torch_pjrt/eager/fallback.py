@@ -64,7 +64,7 @@ def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
             raise error from error.__cause__
 
 
-# (op, dtypes of its tensor arguments) of out= calls whose out dtype CPU accepted, not asked again
+# (op, its tensors' dtypes and dtype arguments) of out= calls whose out dtype CPU accepted, not asked again
 _OUT_DTYPES_CPU_ACCEPTS: set = set()
 
 
@@ -73,14 +73,13 @@ def _out_dtype_as_cpu(op, args, kwargs) -> None:
     allows (torch._refs' out wrapper); CPU's kernels have rules of their own (conj_physical wants
     out's exact dtype, "Found dtype Double but expected Float"). An out= call with an out of
     another dtype than its first tensor lets CPU decide first, once per op and dtypes."""
-    written = Signature.of(op).written
-    if not written or not args or not isinstance(args[0], torch.Tensor):
-        return
     sig = Signature.of(op)
-    outs = [v for i, v in enumerate(sig.bind(args, kwargs)) if i in written]
-    if all(t.dtype == args[0].dtype for t in _tensors_in(outs)):
+    if not sig.written or not args or not isinstance(args[0], torch.Tensor):
         return
-    key = (op, tuple(t.dtype for t in _tensors_in([*args, *kwargs.values()])))
+    values = sig.bind(args, kwargs)
+    if all(t.dtype == args[0].dtype for t in _tensors_in([values[i] for i in sig.written])):
+        return
+    key = (op, tuple(t.dtype for t in _tensors_in(values)), tuple(v for v in values if isinstance(v, torch.dtype)))
     if key in _OUT_DTYPES_CPU_ACCEPTS:
         return
     from .errors import raise_as_cpu
