@@ -141,11 +141,7 @@ def out_differences(selected=lambda name: True) -> list[str]:
 
 
 # Differences left, with why: each must still differ (a fixed one leaves this list).
-KNOWN = {
-    # CPU draws into any out dtype (bernoulli_ on out); the fix is one trait on aten.bernoulli.default's
-    # entry (computes_in_out_dtype=True, ops/random.py), a file another change holds at present
-    "bernoulli": "refuses an integer or bool out",
-}
+KNOWN: dict = {}
 
 
 @pytest.mark.parametrize("part", range(PARTS))

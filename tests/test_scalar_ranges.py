@@ -60,11 +60,13 @@ def _arguments(op, dtype, value, device):
         args = [value if _is_scalar(a) else neutral[str(a.type)] for a in op._schema.arguments
                 if not a.kwarg_only and not a.has_default_value()]
         return functools.partial(op, dtype=dtype, device=device), args
-    args = []
+    args, keywords = [], {}
     for a in op._schema.arguments:
         if a.kwarg_only and a.has_default_value():
             continue
-        if str(a.type) == "Tensor" and not a.has_default_value():
+        if a.kwarg_only and str(a.type) in _NEUTRAL:  # div.Scalar_mode's rounding_mode
+            keywords[a.name] = _NEUTRAL[str(a.type)]
+        elif str(a.type) == "Tensor" and not a.has_default_value():
             args.append(torch.tensor([1, 2, 3], device=device).to(dtype))
         elif str(a.type) == "List[Tensor]":
             args.append([torch.tensor([1, 2, 3], device=device).to(dtype)])
@@ -76,12 +78,12 @@ def _arguments(op, dtype, value, device):
             args.append(_NEUTRAL[str(a.type)])
         else:
             return None
-    return op, args
+    return functools.partial(op, **keywords), args
 
 
 # a required argument of another kind: a value every such op takes for a 1-d tensor
 _NEUTRAL = {"int": 0, "SymInt": 0, "List[int]": [0], "List[SymInt]": [0], "bool": False, "Optional[Tensor]": None,
-            "str": "floor"}
+            "str": "floor", "Optional[str]": "floor"}
 
 
 def _outcome(call):

@@ -68,7 +68,7 @@ class MixedDtypesRefused(MetaRejected):
     promotes them: never asked)."""
 
     def __init__(self, op, dtypes: tuple):
-        super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dtypes))}"))
+        super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dict.fromkeys(dtypes)))}"))
         self.op, self.dtypes = op, dtypes
 
     def forget(self) -> None:
@@ -83,24 +83,29 @@ _MIXED_ACCEPTED: set = set()
 def check_mixed_dtypes(op, sig, values) -> None:
     """Raise MixedDtypesRefused where the call's tensors (arrays, storage views or torch tensors)
     hold two dtypes or more, its index tensors (the entry's `index_probes`) and boolean masks aside,
-    `op` is not elementwise, and CPU has not accepted that combination yet."""
+    `op` is not elementwise, and CPU has not accepted that combination yet. (A boolean weight or
+    source counts: CPU's layer_norm and index_add refuse it.)"""
     if torch.Tag.pointwise in op.tags:
         return
-    dtypes = _dtypes_but_bool(_operands(sig, values))
-    if len(dtypes) > 1 and (indices := _index_tensors(op, values)):
-        dtypes = _dtypes_but_bool(t for t in _operands(sig, values) if not any(t is i for i in indices))
-    if len(dtypes) > 1 and (op, dtypes) not in _MIXED_ACCEPTED:
+    dtypes = _dtypes(_operands(sig, values))
+    if len(set(dtypes)) > 1 and (indices := _index_tensors(op, values)):
+        dtypes = _dtypes(t for t in _operands(sig, values) if not any(t is i for i in indices))
+    # keyed by each operand's dtype in order: CPU accepting index_put's float32 values over float32
+    # self says nothing of int64 values
+    if len(set(dtypes)) > 1 and (op, dtypes) not in _MIXED_ACCEPTED:
         raise MixedDtypesRefused(op, dtypes)
 
 
 def _operands(sig, values):
-    """The call's tensors, those of tensor lists included."""
-    for kind, v in zip(sig.kinds, values):
-        yield from (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ())
+    """The call's tensors, those of tensor lists included, but boolean masks (an argument named
+    for a mask: masked_select's, scaled_dot_product_attention's attn_mask)."""
+    for name, kind, v in zip(sig.names, sig.kinds, values):
+        tensors = v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ()
+        yield from (t for t in tensors if not ("mask" in name and _dtype_of(t) == torch.bool))
 
 
-def _dtypes_but_bool(tensors) -> tuple:
-    return tuple(dict.fromkeys(d for d in map(_dtype_of, tensors) if d not in (None, torch.bool)))
+def _dtypes(tensors) -> tuple:
+    return tuple(d for d in map(_dtype_of, tensors) if d is not None)
 
 
 def _index_tensors(op, values) -> list:

@@ -49,7 +49,7 @@ def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
     """A decomposition traces into the graph interpreter, past the eager kernels' checks: tensors of
     two dtypes (native_batch_norm's float64 or int64 weight over float32 input) let CPU decide here,
     once per op and combination, as an eager kernel's trace does (errors.MixedDtypesRefused)."""
-    dtypes = {t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dtype != torch.bool}
+    dtypes = {t.dtype for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)}
     if len(dtypes) < 2:  # the common case, without binding the call (tensor lists: checked below)
         if not any(isinstance(a, (list, tuple)) for a in args):
             return

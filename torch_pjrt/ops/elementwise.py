@@ -405,7 +405,12 @@ logaddexp = define("logaddexp", _logaddexp_any, allowed="fc")
 logaddexp2 = define(
     "logaddexp2", lambda a, b: _logaddexp(a, b, lambda d: jnp.log1p(jnp.exp2(d)) / _m.log(2)), allowed="f"
 )
-ldexp = define("ldexp", lambda a, b: a * jnp.exp2(b), kind=INT_TO_FLOAT, ops=(aten.ldexp.Tensor,))
+@lowering(aten.ldexp.Tensor)
+def ldexp(self, other):
+    """aten.ldexp: elementwise, INT_TO_FLOAT promotion."""
+    if other.dtype == jnp.bool_ and jnp.issubdtype(self.dtype, jnp.floating):
+        raise TypeError("ldexp of a bool exponent")  # CPU has no such kernel: its call names the error
+    return pointwise(lambda a, b: a * jnp.exp2(b), self, other, kind=INT_TO_FLOAT, name="ldexp", allowed=ALL)
 
 
 def _regularized_gamma(lower: bool):

@@ -1171,7 +1171,7 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 @lowering(aten.soft_margin_loss.default)
 def soft_margin_loss(self, target, reduction=1):
     x, t = _up(self), _up(target)
-    return _reduce(jnp.log1p(jnp.exp(-t * x)), reduction).astype(self.dtype)
+    return _reduce(jnp.log1p(jnp.exp(-x * t)), reduction).astype(self.dtype)  # CPU's order: a bool target works
 
 
 @lowering(aten.soft_margin_loss_backward.default)

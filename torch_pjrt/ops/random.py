@@ -154,7 +154,7 @@ def bernoulli_tensor_(self, p, *, generator=None):
     return (draw < jnp.broadcast_to(p, self.shape)).astype(self.dtype)
 
 
-@lowering(aten.bernoulli.default)
+@lowering(aten.bernoulli.default, computes_in_out_dtype=True)  # CPU draws into an out of any dtype
 def bernoulli(self, *, generator=None):
     _refuse_complex(self, "bernoulli")
     draw = jax.random.uniform(key(generator), self.shape, _float_dtype(self))
