@@ -82,14 +82,12 @@ _MIXED_ACCEPTED: set = set()
 
 def check_mixed_dtypes(op, sig, values) -> None:
     """Raise MixedDtypesRefused where the call's tensors (arrays, storage views or torch tensors)
-    hold two dtypes or more, its index tensors (the entry's `index_probes`) and boolean masks aside,
-    `op` is not elementwise, and CPU has not accepted that combination yet. (A boolean weight or
-    source counts: CPU's layer_norm and index_add refuse it.)"""
+    hold two dtypes or more, indices and masks aside, `op` is not elementwise, and CPU has not
+    accepted that combination yet. (A boolean weight or source counts: CPU's layer_norm and
+    index_add refuse it.)"""
     if torch.Tag.pointwise in op.tags:
         return
     dtypes = _dtypes(_operands(sig, values))
-    if len(set(dtypes)) > 1 and (indices := _index_tensors(op, values)):
-        dtypes = _dtypes(t for t in _operands(sig, values) if not any(t is i for i in indices))
     # keyed by each operand's dtype in order: CPU accepting index_put's float32 values over float32
     # self says nothing of int64 values
     if len(set(dtypes)) > 1 and (op, dtypes) not in _MIXED_ACCEPTED:
@@ -97,28 +95,20 @@ def check_mixed_dtypes(op, sig, values) -> None:
 
 
 def _operands(sig, values):
-    """The call's tensors, those of tensor lists included, but boolean masks (an argument named
-    for a mask: masked_select's, scaled_dot_product_attention's attn_mask)."""
+    """The call's tensors, those of tensor lists included, but indices and masks (arguments named
+    so: gather's index, embedding's indices, index_put's masks, scaled_dot_product_attention's
+    attn_mask), whose dtypes are checked where they are used."""
     for name, kind, v in zip(sig.names, sig.kinds, values):
-        tensors = v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ()
-        yield from (t for t in tensors if not ("mask" in name and _dtype_of(t) == torch.bool))
+        if "mask" in name or name in _INDEX_ARGUMENTS:
+            continue
+        yield from (v if kind == TENSOR_LIST and isinstance(v, (list, tuple)) else [v] if kind == TENSOR else ())
+
+
+_INDEX_ARGUMENTS = {"index", "indices", "offsets"}
 
 
 def _dtypes(tensors) -> tuple:
     return tuple(d for d in map(_dtype_of, tensors) if d is not None)
-
-
-def _index_tensors(op, values) -> list:
-    """The tensors of a call its table entry indexes with (index_add's index, embedding's indices)."""
-    from ..ops.registry import LOWERINGS
-
-    entry = LOWERINGS.get(op)
-    if entry is None or entry.index_probes is None:
-        return []
-    try:
-        return [probe[0] for probe in entry.index_probes(list(values)) if probe[0] is not None]
-    except Exception:  # noqa: BLE001  (values a probe cannot read: no index excluded, CPU decides)
-        return []
 
 
 def _cpu_refused() -> dict:
