@@ -9,22 +9,13 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 from torch.testing._internal.common_methods_invocations import op_db
 
 # The OpInfos whose samples run differently by design: tensor_split's index tensor must be on the
 # CPU whatever its dtype (here it is on pjrt, and CUDA answers the same).
 ON_THE_CPU_BY_DESIGN = {"tensor_split"}
 OTHER_DTYPES = (torch.int32, torch.int16, torch.uint8, torch.float32)
-
-
-def _tree(fn, x):
-    if isinstance(x, torch.Size):
-        return x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_tree(fn, y) for y in x)
-    if isinstance(x, dict):
-        return {k: _tree(fn, v) for k, v in x.items()}
-    return fn(x)
 
 
 def _outcome(op, inp, args, kwargs):
@@ -67,7 +58,7 @@ def _differences(converted: torch.dtype, other_dtypes: tuple, samples_per_op: in
                 continue
         for sample in samples:
             found = []
-            _tree(lambda x: found.append(x) if isinstance(x, torch.Tensor) and x.dtype == converted else x,
+            tree_map(lambda x: found.append(x) if isinstance(x, torch.Tensor) and x.dtype == converted else x,
                   (sample.args, sample.kwargs))
             if not found:
                 continue
@@ -79,10 +70,10 @@ def _differences(converted: torch.dtype, other_dtypes: tuple, samples_per_op: in
 
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    expected = _outcome(info.op, sample.input, _tree(lambda x: convert(x, "cpu"), sample.args),
-                                        _tree(lambda x: convert(x, "cpu"), sample.kwargs))
-                    got = _outcome(info.op, _tree(lambda x: x.to("pjrt") if isinstance(x, torch.Tensor) else x, sample.input),
-                                   _tree(lambda x: convert(x, "pjrt"), sample.args), _tree(lambda x: convert(x, "pjrt"), sample.kwargs))
+                    expected = _outcome(info.op, sample.input, tree_map(lambda x: convert(x, "cpu"), sample.args),
+                                        tree_map(lambda x: convert(x, "cpu"), sample.kwargs))
+                    got = _outcome(info.op, tree_map(lambda x: x.to("pjrt") if isinstance(x, torch.Tensor) else x, sample.input),
+                                   tree_map(lambda x: convert(x, "pjrt"), sample.args), tree_map(lambda x: convert(x, "pjrt"), sample.kwargs))
                 if not _same(expected, got):
                     differences.append(f"{info.name} ({dtype}): CPU {expected if isinstance(expected, tuple) else 'computes'}"
                                        f", pjrt {got if isinstance(got, tuple) else 'computes'}")

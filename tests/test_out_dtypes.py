@@ -11,6 +11,7 @@ import zlib
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 from torch.testing._internal.common_methods_invocations import op_db
 
 # One of each kind CPU's rules tell apart (wider float, integer, bool, complex): float16 and int32 outs
@@ -23,16 +24,6 @@ RANDOM = {"bernoulli", "normal", "normal_number_mean", "multinomial", "randint",
           "nn.functional.dropout"}
 
 
-def _tree(fn, x):
-    if isinstance(x, torch.Size):
-        return x
-    if isinstance(x, (list, tuple)):
-        return type(x)(_tree(fn, y) for y in x)
-    if isinstance(x, dict):
-        return {k: _tree(fn, v) for k, v in x.items()}
-    return fn(x)
-
-
 def _on(device):
     return lambda x: x.to(device) if isinstance(x, torch.Tensor) else x
 
@@ -42,7 +33,7 @@ def _outcome(info, sample, out, device):
     returned them."""
     to = _on(device)
     try:
-        returned = info.op(_tree(to, sample.input), *_tree(to, sample.args), **_tree(to, sample.kwargs), out=out)
+        returned = info.op(tree_map(to, sample.input), *tree_map(to, sample.args), **tree_map(to, sample.kwargs), out=out)
         torch.pjrt.synchronize()
     except Exception as e:  # noqa: BLE001  (the outcome compared is the exception)
         return type(e), str(e).split("\n")[0]
