@@ -1535,3 +1535,68 @@ def test_operands_of_two_dtypes_cpu_refuses(call):
 def test_operands_of_two_dtypes_cpu_accepts(call):
     for _ in range(2):  # the second call is not asked again
         _same_as_cpu(call)
+
+
+# --------------------------------------------------------------------------- in-place and undeclared dtypes (sweep)
+@pytest.mark.parametrize("call", [
+    lambda d: torch.native_batch_norm(torch.ones(2, 3, dtype=torch.complex64, device=d), None, None, None, None,
+                                      True, 0.1, 1e-5),
+    lambda d: torch.nn.functional.batch_norm(torch.ones(2, 3, dtype=torch.complex64, device=d),
+                                             torch.zeros(3, dtype=torch.complex64, device=d),
+                                             torch.ones(3, dtype=torch.complex64, device=d)),
+    lambda d: torch.nn.functional.instance_norm(torch.ones(2, 3, 4, dtype=torch.complex64, device=d)),
+], ids=["native_batch_norm", "batch_norm (running statistics)", "instance_norm"])
+def test_a_decomposed_op_refuses_a_dtype_cpu_has_no_kernel_for(call):
+    """native_batch_norm runs as its decomposition into _native_batch_norm_legit overloads, which CPU's
+    call never reaches, so the dtype table knows nothing of them: pjrt normalized complex inputs where
+    CPU raises '"batch_norm" not implemented for 'ComplexFloat''. The decomposed op's own entry is
+    checked (eager/fallback._dispatch_dtype_as_cpu)."""
+    assert_raises_like_cpu(call, "complex batch_norm")
+    _same_as_cpu(lambda d: torch.nn.functional.instance_norm(torch.arange(24.0, device=d).view(2, 3, 4)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+    lambda d: torch.cdist(torch.ones(2, 3, device=d), torch.ones(2, 3, dtype=torch.float64, device=d)),
+], ids=["mm bool", "cdist float64 x2"])
+def test_an_empty_call_cpu_accepts_speaks_only_for_empty_calls(call):
+    """CPU returns before its dtype checks for an empty input (mm of a bool [0, 2] matrix, cdist of no
+    rows): its acceptance let every later call of the op in that dtype through, so after one empty
+    bool mm pjrt multiplied bool matrices where CPU raises (the in-place sweep's empty samples did this
+    to tests run after it). An acceptance of an empty call is kept for empty calls only."""
+    empty = {"mm bool": lambda d: torch.ones(0, 2, dtype=torch.bool, device=d) @ torch.ones(2, 3, dtype=torch.bool, device=d),
+             "cdist float64 x2": lambda d: torch.cdist(torch.ones(0, 3, device=d),
+                                                       torch.ones(2, 3, dtype=torch.float64, device=d))}
+    for name, make in empty.items():
+        assert make("pjrt").shape == make("cpu").shape, name
+    assert_raises_like_cpu(call, "after an empty call")
+
+
+def _bool_matrix(d):
+    return torch.tensor([[True, False, True], [False, True, True], [True, True, False]], device=d)
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.linalg.eigh(_bool_matrix(d)),
+    lambda d: torch.linalg.eigvals(_bool_matrix(d)),
+    lambda d: torch.linalg.eigvals(_bool_matrix(d).long()),
+    lambda d: torch.geqrf(_bool_matrix(d)),
+    lambda d: torch.nn.functional.max_unpool2d(torch.ones(1, 1, 2, 2, dtype=torch.bool, device=d),
+                                               torch.tensor([[[[0, 3], [8, 15]]]], device=d), 2),
+    lambda d: torch.nn.functional.max_unpool2d(torch.ones(1, 1, 2, 2, dtype=torch.complex64, device=d),
+                                               torch.tensor([[[[0, 3], [8, 15]]]], device=d), 2),
+    lambda d: torch._softmax_backward_data(torch.ones(2, 3, dtype=torch.complex64, device=d),
+                                           torch.ones(2, 3, dtype=torch.complex64, device=d), 1, torch.complex64),
+    lambda d: torch.bucketize(torch.ones(3, dtype=torch.complex64, device=d),
+                              torch.arange(3, dtype=torch.complex64, device=d)),
+    lambda d: torch.histogram(torch.ones(3, dtype=torch.complex64), 3) if d == "cpu" else
+    torch.histogram(torch.ones(3, dtype=torch.complex64, device=d), 3),
+], ids=["eigh bool", "eigvals bool", "eigvals int64", "geqrf bool", "max_unpool2d bool", "max_unpool2d complex64",
+        "_softmax_backward_data complex64", "bucketize complex64", "histogram complex64"])
+def test_a_dtype_whose_opinfo_makes_no_samples_is_refused(call):
+    """The dtype table (tools/cpu_dtypes.py) learns from each OpInfo's samples in the dtypes it does not
+    declare; where it makes none (max_unpool's come from max_pool, eigh's from an SVD, neither takes
+    bool), no refusal was learned and pjrt computed. The tool now converts the OpInfo's float32 samples;
+    eigvals, whose CPU error comes before any dispatch, is refused by its lowering (`_complex_of`)."""
+    assert_raises_like_cpu(call, "undeclared dtype")
+

@@ -58,7 +58,7 @@ def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten(monke
     a = torch.tensor([True, False, True, True, False, True, False]).reshape(7, 1, 1)
     b = torch.tensor([2, 3, -1, 5, -7]).reshape(1, 5, 1)
     assert torch.equal(torch.floor_divide(a.to("pjrt"), b.to("pjrt")).cpu(), torch.floor_divide(a, b))
-    assert errors._DTYPE_ACCEPTED == {(op, torch.bool, False)}
+    assert errors._DTYPE_ACCEPTED == {(op, torch.bool, False, False)}
 
 
 # A call's `dtype=` argument is the dtype CPU's kernel dispatches on: factories have no tensor, and

@@ -166,27 +166,7 @@ def undeclared_differences(selected=lambda name: True) -> list[str]:
 
 # "OpInfo name" or the difference's "OpInfo name (case)" -> why pjrt's outcome differs; each must still differ
 KNOWN = {
-    # silent: pjrt computes where CPU refuses
-    "native_batch_norm (torch.complex64 inputs)": "decomposed into _native_batch_norm_legit overloads the dtype table "
-                                                  "does not list (CPU never reaches them): to fix",
-    "nn.functional.batch_norm (torch.complex64 inputs)": "as native_batch_norm",
-    "nn.functional.instance_norm (torch.complex64 inputs)": "as native_batch_norm",
-    "_softmax_backward_data (torch.bool inputs)": "missing from the dtype table: the OpInfo makes no bool samples, "
-                                                  "so tools/cpu_dtypes.py never tried bool: to fix",
-    "_softmax_backward_data (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
-    "bucketize (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
-    "histogram (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
-    "geqrf (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "linalg.eig (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "linalg.eigvals (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "linalg.eigh (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "linalg.eigvalsh (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool1d (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool1d (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool2d (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool2d (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool3d (torch.bool inputs)": "as _softmax_backward_data (bool)",
-    "nn.functional.max_unpool3d (torch.complex64 inputs)": "as _softmax_backward_data (bool)",
+    # pjrt computes where CPU refuses, by decision
     "nn.functional.rrelu (torch.float32 samples, self torch.float16)": "CUDA has a float16 rrelu_with_noise: the dtype "
                                                                        "table lists only what neither CPU nor CUDA computes",
     "trace (torch.bool inputs)": "CUDA has a bool trace (an int64 count): as nn.functional.rrelu",

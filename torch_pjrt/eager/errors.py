@@ -49,15 +49,17 @@ class DtypeRefused(MetaRejected):
     """The call dispatches on a dtype CPU torch has no kernel of this op for
     (ops/cpu_refused_dtypes.json; see `dispatch_dtype`): CPU's own call decides what to raise."""
 
-    def __init__(self, op, dtype: torch.dtype, from_argument: bool):
+    def __init__(self, op, dtype: torch.dtype, from_argument: bool, empty: bool = False):
         super().__init__(NotImplementedError(f"{op_label(op)}: no CPU kernel for {dtype}"))
-        self.op, self.dtype, self.from_argument = op, dtype, from_argument
+        self.op, self.dtype, self.from_argument, self.empty = op, dtype, from_argument, empty
 
     def forget(self) -> None:
         """CPU accepted the call after all (its dtype is not the one its kernel dispatches on:
         cumsum of a bool tensor computes in int64). Only calls whose dtype comes from the same
-        place are let through from now on: cumsum(dtype=torch.bool) is still asked."""
-        _DTYPE_ACCEPTED.add((self.op, self.dtype, self.from_argument))
+        place are let through from now on: cumsum(dtype=torch.bool) is still asked. A call with an
+        empty tensor speaks only for such calls: CPU returns before its dtype dispatch (mm of a
+        bool [0, 2] matrix), and its bool mm of 2 x 2 still refuses."""
+        _DTYPE_ACCEPTED.add((self.op, self.dtype, self.from_argument, self.empty))
 
 
 class MixedDtypesRefused(MetaRejected):
@@ -67,16 +69,17 @@ class MixedDtypesRefused(MetaRejected):
     accept it, so CPU's own call decides, once per op and combination of dtypes (an elementwise op
     promotes them: never asked)."""
 
-    def __init__(self, op, dtypes: tuple):
+    def __init__(self, op, dtypes: tuple, empty: bool = False):
         super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dict.fromkeys(dtypes)))}"))
-        self.op, self.dtypes = op, dtypes
+        self.op, self.dtypes, self.empty = op, dtypes, empty
 
     def forget(self) -> None:
-        """CPU accepted the combination: it is not asked again."""
-        _MIXED_ACCEPTED.add((self.op, self.dtypes))
+        """CPU accepted the combination: it is not asked again (for calls with an empty tensor, only
+        for such calls, as DtypeRefused.forget)."""
+        _MIXED_ACCEPTED.add((self.op, self.dtypes, self.empty))
 
 
-# (op, dtypes of its tensors) CPU accepted though they mix dtypes (see MixedDtypesRefused)
+# (op, dtypes of its tensors, whether one is empty) CPU accepted though they mix dtypes (see MixedDtypesRefused)
 _MIXED_ACCEPTED: set = set()
 
 
@@ -90,8 +93,20 @@ def check_mixed_dtypes(op, sig, values) -> None:
     dtypes = _dtypes(_operands(sig, values))
     # keyed by each operand's dtype in order: CPU accepting index_put's float32 values over float32
     # self says nothing of int64 values
-    if len(set(dtypes)) > 1 and (op, dtypes) not in _MIXED_ACCEPTED:
-        raise MixedDtypesRefused(op, dtypes)
+    if len(set(dtypes)) > 1:
+        empty = _any_empty(_operands(sig, values))
+        if (op, dtypes, empty) not in _MIXED_ACCEPTED:
+            raise MixedDtypesRefused(op, dtypes, empty)
+
+
+def _any_empty(tensors) -> bool:
+    """Whether one of the tensors (arrays, storage views, torch tensors) has no elements."""
+    for v in tensors:
+        geometry = getattr(v, "geometry", None)
+        shape = geometry.size if geometry is not None else getattr(v, "shape", None)
+        if shape is not None and 0 in tuple(shape):
+            return True
+    return False
 
 
 def _operands(sig, values):
@@ -119,7 +134,8 @@ def _cpu_refused() -> dict:
 
 # aten overload name -> dispatch dtypes CPU has no kernel for (tools/cpu_dtypes.py)
 _CPU_REFUSED: dict = _cpu_refused()
-# (op, dtype, from its dtype argument) CPU accepted though the table lists the dtype (DtypeRefused.forget)
+# (op, dtype, from its dtype argument, whether a tensor is empty) CPU accepted though the table lists the dtype
+# (DtypeRefused.forget)
 _DTYPE_ACCEPTED: set = set()
 
 
@@ -161,8 +177,11 @@ def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
     if not refused:
         return
     dtype, from_argument = dispatch_dtype(sig.names, sig.kinds, values)
-    if dtype in refused and (op, dtype, from_argument) not in _DTYPE_ACCEPTED:
-        raise DtypeRefused(op, dtype, from_argument)
+    if dtype in refused:
+        empty = _any_empty(v for kind, v in zip(sig.kinds, values) if kind == TENSOR) or any(
+            _any_empty(v) for kind, v in zip(sig.kinds, values) if kind == TENSOR_LIST and isinstance(v, (list, tuple)))
+        if (op, dtype, from_argument, empty) not in _DTYPE_ACCEPTED:
+            raise DtypeRefused(op, dtype, from_argument, empty)
 
 
 # (op, call kind) whose meta check rejected a call that CPU accepts: such calls trace unchecked. Kept

@@ -64,6 +64,26 @@ def _mixed_dtypes_as_cpu(op, args, kwargs) -> None:
             raise error from error.__cause__
 
 
+def _dispatch_dtype_as_cpu(op, args, kwargs) -> None:
+    """The decomposed op's own dtypes CPU has no kernel for (ops/cpu_refused_dtypes.json) let CPU
+    decide here, as an eager kernel's trace does (errors.DtypeRefused): the table ops a decomposition
+    reaches are not the ones CPU's call passes through (native_batch_norm decomposes into
+    _native_batch_norm_legit.no_stats, which the table learned nothing of), so their own entries do not
+    stand in for it."""
+    from .errors import DtypeRefused, as_torch_error, check_dtype_on_cpu, refused_dtypes
+
+    refused = refused_dtypes(op)
+    if not refused:
+        return
+    sig = Signature.of(op)
+    try:
+        check_dtype_on_cpu(op, sig, sig.bind(args, kwargs), refused)
+    except DtypeRefused as e:
+        error = as_torch_error(op, args, kwargs, e)  # None: CPU accepts, and is not asked again
+        if error is not None:
+            raise error from error.__cause__
+
+
 # (op, its tensors' dtypes and dtype arguments) of out= calls whose out dtype CPU accepted, not asked again
 _OUT_DTYPES_CPU_ACCEPTS: set = set()
 
@@ -104,6 +124,7 @@ def run(op, *args, **kwargs):
     entry = LOWERINGS.get(op)  # an entry may name what eager runs instead of torch's decomposition
     decomposition = (entry.decomposition if entry is not None else None) or decomposition_table.get(op)
     if decomposition is not None and op not in _decomposing:  # some decompositions reach their own op again
+        _dispatch_dtype_as_cpu(op, args, kwargs)
         _mixed_dtypes_as_cpu(op, args, kwargs)
         _out_dtype_as_cpu(op, args, kwargs)
         _decomposed[name] += 1

@@ -346,6 +346,11 @@ def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
 
 
 def _complex_of(dtype):
+    """The complex dtype of eig's results, as c10's toComplexType gives it: none for an integer or bool
+    input (CPU's _linalg_eigvals raises this before its dtype dispatch, so the dtype table, which learns
+    the ops an error passes through, has no entry for it)."""
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise RuntimeError(f"Unknown Complex ScalarType for {c10_name(to_torch(dtype))}")
     return np.dtype(np.complex128) if np.dtype(dtype) in (np.float64, np.complex128) else np.dtype(np.complex64)
 
 

@@ -101,12 +101,7 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
         upsampling each reach an op of their own): a rank's samples until one is refused, at most
         5 (a factory's first samples may run no kernel: linspace of 0 and 1 steps; all of them)."""
         found, tried = set(), {}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                samples = list(itertools.islice(op.sample_inputs("cpu", dtype), 30))
-        except Exception:  # noqa: BLE001  (no samples in this dtype)
-            return found
+        samples = _samples(op, dtype)
         for sample in samples:
             rank = getattr(sample.input, "ndim", None)
             if tried.get(rank, 0) < (30 if rank is None else 5):  # a factory's samples: cheap
@@ -114,6 +109,28 @@ def refusals(seconds_per_case: int = 20) -> dict[str, list[str]]:
                 found.update(refused)
                 tried[rank] = 5 if refused else tried.get(rank, 0) + 1
         return found
+
+    def _samples(op, dtype) -> list:
+        """The OpInfo's first 30 samples in `dtype`; where it makes none (max_unpool's come from max_pool,
+        eigh's from an SVD, neither of which takes bool), its samples in a dtype it declares, their
+        tensors of that dtype converted to `dtype` (CPU's kernels of eigh, max_unpool2d, searchsorted and
+        _softmax_backward_data refuse bool or complex, and were never asked)."""
+        declared = [d for d in (torch.float32, torch.float64, torch.int64) if d in op.supported_dtypes("cpu")]
+        for made_in in [dtype] + declared[:1]:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    samples = list(itertools.islice(op.sample_inputs("cpu", made_in), 30))
+            except Exception:  # noqa: BLE001  (no samples in this dtype)
+                continue
+            if samples and made_in != dtype:
+                def convert(x):
+                    return x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == made_in else x
+
+                samples = [s.transform(convert) for s in samples]
+            if samples:
+                return samples
+        return []
 
     def refusal(op, dtype, sample) -> list:
         """[(aten op, dtype)] where CPU refuses `sample` in `dtype` for that dtype: the op that
