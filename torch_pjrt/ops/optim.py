@@ -111,6 +111,12 @@ def _fused_adagrad_(self, grads, state_sums, state_steps, *, lr, lr_decay, weigh
     return _skip_if_inf(found_inf, new, (self, list(grads), state_sums, state_steps))
 
 
+@lowering(aten._fused_adagrad_.tensor_lr, traced=("lr",))
+def _fused_adagrad_tensor_lr(self, grads, state_sums, state_steps, **kwargs):
+    """The same step with a tensor lr; its state_steps are read only (the schema writes three lists)."""
+    return _fused_adagrad_(self, grads, state_sums, state_steps, **kwargs)[:3]
+
+
 # ------------------------------------------------------------------------- GradScaler
 @lowering(aten._amp_foreach_non_finite_check_and_unscale_.default)
 def _amp_foreach_non_finite_check_and_unscale_(self, found_inf, inv_scale):
