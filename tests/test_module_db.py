@@ -5,14 +5,15 @@ runs on CUDA only; this is that check for pjrt: each module built on both device
 parameters, its forward on the same inputs, then backward of the same random grad_outputs, and
 the outputs, input gradients and parameter gradients compared (float32, training and eval mode
 where the module differs). The default run takes each module's first input (its `-m slow`
-companion, every input); what the ModuleInfo skips for that check is skipped here too."""
+companion, every input); what the ModuleInfo skips for that check is skipped here too. And the
+modules' `module_error_inputs_func`: pjrt raises what the CPU raises."""
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from torch.testing._internal.common_modules import module_db
+from torch.testing._internal.common_modules import ModuleErrorEnum, module_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_pjrt
@@ -111,3 +112,33 @@ def test_module_as_on_cpu(info, training, k):
 @pytest.mark.parametrize("info,training,k", list(_cases(every=True)))
 def test_module_every_input_as_on_cpu(info, training, k):
     _check(info, training, k)
+
+
+def _error_cases():
+    for info in module_db:
+        error_inputs = getattr(info, "module_error_inputs_func", None)
+        for k, error_input in enumerate(error_inputs(info, device="cpu", dtype=DTYPE, requires_grad=False, training=True)
+                                        if error_inputs else ()):
+            yield pytest.param(info, error_input, id=f"{info.name}-{k}")
+
+
+def _raised(info, error_input, device: str):
+    """What building the module and its forward raise: (type, first line), or None."""
+    given = error_input.module_error_input
+    try:
+        module = info.module_cls(*given.constructor_input.args, **given.constructor_input.kwargs)
+        if error_input.error_on == ModuleErrorEnum.FORWARD_ERROR:
+            args, kwargs = tree_map(_to(device), (given.forward_input.args, given.forward_input.kwargs))
+            module.to(device)(*args, **kwargs)
+            torch.pjrt.synchronize()  # an index check is raised at the next sync, as CUDA's device asserts
+    except Exception as e:  # noqa: BLE001  (the outcome compared is the exception)
+        return type(e), str(e).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize("info,error_input", list(_error_cases()))
+def test_module_error_inputs_as_on_cpu(info, error_input):
+    """module_db's error inputs: pjrt raises what the CPU raises, and what the ModuleInfo says."""
+    want = _raised(info, error_input, "cpu")
+    assert want is not None and issubclass(want[0], error_input.error_type)
+    assert _raised(info, error_input, "pjrt") == want
