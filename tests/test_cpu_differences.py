@@ -1600,3 +1600,14 @@ def test_a_dtype_whose_opinfo_makes_no_samples_is_refused(call):
     eigvals, whose CPU error comes before any dispatch, is refused by its lowering (`_complex_of`)."""
     assert_raises_like_cpu(call, "undeclared dtype")
 
+
+@pytest.mark.parametrize("name", ["cumsum_", "cumprod_"])
+def test_cumulative_inplace_computes_in_selfs_dtype(name):
+    """CPU's cumsum_ is cumsum_out(self, self): it computes in self's dtype, so a bool self raises
+    '"cumsum_out_cpu" not implemented for 'Bool'' (pjrt computed int64 and refused the cast in other
+    words), and an int8 self is summed in int8. The in-place kernel passes self's dtype as the out=
+    kernel passes out's (the entry's computes_in_out_dtype)."""
+    assert_raises_like_cpu(lambda d: getattr(torch.tensor([[True, False, True]], device=d), name)(1), name)
+    _same_as_cpu(lambda d: getattr(torch.tensor([[1, 0, 3, 100], [100, 100, 2, 2]], dtype=torch.int8, device=d),
+                                   name)(1))
+

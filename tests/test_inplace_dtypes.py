@@ -174,14 +174,6 @@ KNOWN = {
     "nn.functional.adaptive_avg_pool1d (torch.bool inputs)": "an empty input CPU returns before its dtype dispatch; "
                                                              "the lowering has no bool pooling: to fix",
     "nn.functional.adaptive_avg_pool1d (torch.complex64 inputs)": "as adaptive_avg_pool1d (bool)",
-    # another error than CPU's
-    "cumsum (torch.float32 samples, self torch.bool)": "CPU's cumsum_ computes in self's dtype and refuses bool "
-                                                       "(NotImplementedError); pjrt computes int64 and refuses the cast",
-    "cumsum (torch.int64 samples, self torch.bool)": "as cumsum (float32 samples)",
-    "cumsum (in-place torch.bool inputs)": "as cumsum (float32 samples)",
-    "cumprod (torch.float32 samples, self torch.bool)": "as cumsum (float32 samples)",
-    "cumprod (torch.int64 samples, self torch.bool)": "as cumsum (float32 samples)",
-    "cumprod (in-place torch.bool inputs)": "as cumsum (float32 samples)",
     # the same error type, other words
     "ldexp (torch.float32 samples, self torch.int64)": "CPU's ldexp_ names itself ('ldexp can't be cast to the desired "
                                                        "output type Long'), pjrt says 'result type Float'",

@@ -515,9 +515,17 @@ class InplaceKernel:
     def __init__(self, op, functional: Kernel):
         self.op, self.functional = op, functional
         self.self_is_list = Signature.of(op).kinds[0] == TENSOR_LIST
+        # self is the out of an op that computes in out's dtype (cumsum_: CPU's cumsum_out(self, self)),
+        # as the out= kernel passes it
+        names = functional.sig.names
+        self.dtype_at = names.index("dtype") if functional.lowering.computes_in_out_dtype and "dtype" in names \
+            and not self.self_is_list else None
 
     def __call__(self, *args, **kwargs):
         target = args[0] if args else kwargs["self"]
+        call = (args, kwargs)
+        if self.dtype_at is not None:
+            args, kwargs = _in_dtype_of(self.functional, self.dtype_at, args, kwargs, target)
         if not self.self_is_list and errors.may_overlap(self.op, target, args, kwargs):
             errors.check_writes(self.op, args, kwargs, [target])  # CPU refuses writes through overlapping memory
         if self.self_is_list and len({t.untyped_storage().data_ptr() for t in target}) < len(target):
@@ -530,7 +538,7 @@ class InplaceKernel:
             result, _, _ = self.functional.compute(args, kwargs)
         except Exception as e:  # noqa: BLE001  (the failure path only)
             if not isinstance(e, errors._DEVICE_ERRORS) and not fused.interruption(e):
-                errors.raise_as_cpu(self.op, args, kwargs)  # CPU checks self's dtype first (int.bitwise_and_(float))
+                errors.raise_as_cpu(self.op, *call)  # CPU checks self's dtype first (int.bitwise_and_(float))
             raise
         if self.self_is_list:
             for t, v in zip(target, result):
@@ -600,8 +608,8 @@ class OutKernel:
         errors.check_writes(self.op, args, kwargs, _flat_tensors(outs))  # out='s rules are the op's own
         call = dict(kwargs)
         outs = [kwargs.pop(n) for n in self.out_names]
-        functional_args, functional_kwargs = self._in_out_dtype(args, kwargs, outs[0]) if self.dtype_at is not None \
-            else (args, kwargs)
+        functional_args, functional_kwargs = _in_dtype_of(self.functional, self.dtype_at, args, kwargs, outs[0]) \
+            if self.dtype_at is not None else (args, kwargs)
         queue = bounds.mark() if self.functional.index_probes is not None else None
         try:
             result, _, _ = self.functional.compute(functional_args, functional_kwargs)
@@ -630,16 +638,17 @@ class OutKernel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-    def _in_out_dtype(self, args, kwargs, out: torch.Tensor):
-        """The call with out's dtype as its `dtype` where it names none, unless out has the float
-        input's own dtype (the usual call keeps its executable; an integer input's result is int64
-        without `dtype`, so sum(bool, out=<bool>) needs it)."""
-        values = self.functional.sig.bind(args, kwargs)
-        if values[self.dtype_at] is not None or out.dtype == values[0].dtype and (
-                out.dtype.is_floating_point or out.dtype.is_complex):
-            return args, kwargs
-        values[self.dtype_at] = out.dtype
-        return self.functional.sig.split(values)
+def _in_dtype_of(functional: Kernel, dtype_at: int, args: tuple, kwargs: dict, out: torch.Tensor):
+    """The functional call of an op that computes in out's dtype, with out's (an out= tensor's, or
+    self's of `op_`) dtype as its `dtype` where it names none, unless out has the float input's own
+    dtype (the usual call keeps its executable; an integer input's result is int64 without `dtype`, so
+    sum(bool, out=<bool>) needs it, and cumsum_ of a bool tensor is refused as CPU refuses it)."""
+    values = functional.sig.bind(args, kwargs)
+    if values[dtype_at] is not None or out.dtype == values[0].dtype and (
+            out.dtype.is_floating_point or out.dtype.is_complex):
+        return args, kwargs
+    values[dtype_at] = out.dtype
+    return functional.sig.split(values)
 
 
 def _item(args, i: int, n: int) -> list:
@@ -786,7 +795,9 @@ def _install(op, kernel) -> None:
     kinds = store = None
     if isinstance(kernel, Kernel):
         kinds = kernel.call.fast_plan()
-    elif isinstance(kernel, InplaceKernel):
+    elif isinstance(kernel, InplaceKernel) and kernel.dtype_at is None:
+        # (cumsum_ and cumprod_, which compute in self's dtype, stay Python kernels: the C++ kernel runs the
+        # functional executable as called, without self's dtype, and would store an int64 sum into bool)
         kinds, store = kernel.functional.call.fast_plan(), functools.partial(_store, op, resize=False)
     namespace = op._schema.name.split("::")[0]
     if op is aten.clone.default and not FAST_PATH_DISABLED:  # transfer.clone behind a C++ kernel (CloneKernel)

@@ -173,7 +173,8 @@ class Lowering:
     scalar_fits: tuple = ()
     # CPU computes the op in its out= tensor's dtype when the call names no `dtype` (sum, prod, mean,
     # cumsum: the input is cast to out's dtype first, so sum([0.6, 0.6, 0.6], out=<int64>) is 0, not
-    # 1; an integer out of a float input is accepted): eager's out= kernel passes out's dtype as `dtype`.
+    # 1; an integer out of a float input is accepted): eager's out= kernel passes out's dtype as `dtype`,
+    # and the in-place kernel self's (CPU's cumsum_ is cumsum_out(self, self): a bool self is refused).
     computes_in_out_dtype: bool = False
 
 
