@@ -1611,3 +1611,25 @@ def test_cumulative_inplace_computes_in_selfs_dtype(name):
     _same_as_cpu(lambda d: getattr(torch.tensor([[1, 0, 3, 100], [100, 100, 2, 2]], dtype=torch.int8, device=d),
                                    name)(1))
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.complex64, torch.int64])
+@pytest.mark.parametrize("shape", [(0, 8, 8), (2, 0, 8, 8), (2, 0, 8, 8, 8), (2, 3, 0, 8, 8), (0, 2, 3, 8, 2)])
+def test_adaptive_avg_pool_of_an_empty_input(shape, dtype):
+    """CPU returns an empty input's empty result before its dtype dispatch: a bool or complex
+    adaptive_avg_pool1d of no rows computes there, and pjrt's lowering (no bool pooling) failed. But
+    CPU's 3-d kernel refuses an empty non-batch dimension, which torch's meta kernel accepts: pjrt
+    computed an empty or a zero result there."""
+    pool = {3: lambda t: torch.nn.functional.adaptive_avg_pool1d(t, 3), 4: lambda t: torch.nn.functional.adaptive_avg_pool2d(t, 3),
+            5: lambda t: torch.nn.functional.adaptive_avg_pool3d(t, 2)}[len(shape)]
+
+    def call(d):
+        return pool(torch.ones(shape, dtype=dtype, device=d))
+
+    try:
+        expected = call("cpu")
+    except RuntimeError:
+        assert_raises_like_cpu(call, "empty adaptive_avg_pool")
+        return
+    actual = call("pjrt")
+    assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
+

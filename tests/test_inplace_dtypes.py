@@ -170,10 +170,6 @@ KNOWN = {
     "nn.functional.rrelu (torch.float32 samples, self torch.float16)": "CUDA has a float16 rrelu_with_noise: the dtype "
                                                                        "table lists only what neither CPU nor CUDA computes",
     "trace (torch.bool inputs)": "CUDA has a bool trace (an int64 count): as nn.functional.rrelu",
-    # an error where CPU computes
-    "nn.functional.adaptive_avg_pool1d (torch.bool inputs)": "an empty input CPU returns before its dtype dispatch; "
-                                                             "the lowering has no bool pooling: to fix",
-    "nn.functional.adaptive_avg_pool1d (torch.complex64 inputs)": "as adaptive_avg_pool1d (bool)",
     # the same error type, other words
     "ldexp (torch.float32 samples, self torch.int64)": "CPU's ldexp_ names itself ('ldexp can't be cast to the desired "
                                                        "output type Long'), pjrt says 'result type Float'",

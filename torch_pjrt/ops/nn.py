@@ -884,6 +884,13 @@ def _check_adaptive_dtype(x):
 
 @lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default, padding=BATCH_ONLY)
 def _adaptive_avg_pool(self, output_size):
+    if self.size == 0:  # CPU returns an empty input's empty result before its dtype dispatch (bool, complex)
+        # ... where the empty dims are ones its kernel allows: the spatial dims never, and in 3-d every dim
+        # but the batch (torch's meta kernel checks neither: this refusal lets CPU's call name the error)
+        checked = range(self.ndim - 2, self.ndim) if len(output_size) == 2 else range(1, self.ndim)
+        if any(self.shape[i] == 0 for i in checked):
+            raise ValueError(f"adaptive_avg_pool{len(output_size)}d: an empty non-batch dimension {self.shape}")
+        return jnp.zeros(self.shape[:self.ndim - len(output_size)] + tuple(output_size), self.dtype)
     _check_adaptive_dtype(self)
     return _adaptive_avg(self, tuple(output_size))
 
