@@ -1633,3 +1633,16 @@ def test_adaptive_avg_pool_of_an_empty_input(shape, dtype):
     actual = call("pjrt")
     assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
 
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.ones(3, dtype=torch.int64, device=d).ldexp_(torch.tensor(1.0)),
+    lambda d: torch.ones(3, dtype=torch.bool, device=d).clamp_(min=1e-6 + 0j),
+    lambda d: torch.view_as_complex(torch.ones(2, 2, dtype=torch.bool, device=d)),
+], ids=["ldexp_ into int64", "clamp_ into bool", "view_as_complex of bool"])
+def test_a_refused_inplace_cast_in_cpus_words(call):
+    """An in-place result self cannot take: CPU's kernels word it their own way ("ldexp can't be cast
+    to the desired output type Long", clamp_'s "... output type bool", by the C++ type), so the Python
+    in-place kernel lets CPU's call name it. (The C++ fast path stores its results through the same
+    check without the call's arguments, so there the words stay pjrt's: docs/conformance-notes.md.)
+    view_as_complex says "half, float and double" and names the dtype as c10 does, as CPU."""
+    assert_raises_like_cpu(call, "in-place cast")

@@ -544,6 +544,10 @@ class InplaceKernel:
             for t, v in zip(target, result):
                 _store(self.op, t, v, resize=False)
             return None
+        value = result.array if isinstance(result, storage.Permuted) else result
+        if not torch.can_cast(to_torch(value.dtype), target.dtype):
+            errors.raise_as_cpu(self.op, *call)  # a refused cast in CPU's words: "ldexp can't be cast to the
+            # desired output type Long", clamp_'s "... output type bool"; else _store's
         _store(self.op, target, result, resize=False)
         return target
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ..dtypes import c10_name
+
 aten = torch.ops.aten
 _COMPONENT = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16}
 _COMPLEX = {v: k for k, v in _COMPONENT.items()}
@@ -23,8 +25,8 @@ def view_as_real(self: torch.Tensor) -> torch.Tensor:
 
 def view_as_complex(self: torch.Tensor) -> torch.Tensor:
     if self.dtype not in _COMPLEX:
-        raise RuntimeError(f"view_as_complex is only supported for float and double tensors, but got a tensor of "
-                           f"scalar type: {self.dtype}")
+        raise RuntimeError(f"view_as_complex is only supported for half, float and double tensors, but got a tensor "
+                           f"of scalar type: {c10_name(self.dtype)}")  # CPU's words (half: complex32, refused here)
     if self.dim() == 0 or self.shape[-1] != 2:
         raise RuntimeError("Tensor must have a last dimension of size 2")
     if self.stride(-1) != 1:
