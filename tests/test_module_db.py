@@ -23,9 +23,10 @@ DTYPE = torch.float32
 # dtypes and (for backward) gradient shapes are compared.
 RANDOM = {"nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout", "nn.FeatureAlphaDropout",
           "nn.RReLU", "nn.FractionalMaxPool2d", "nn.FractionalMaxPool3d"}
-# Per module, where float32 results differ by more than assert_close's defaults: the 3-d transposed
-# convolutions' weight gradients sum over batch and volume in XLA's order (3e-5 apart, at values about 1)
-TOLERANCE = {"nn.ConvTranspose3d": dict(rtol=1e-4, atol=1e-4), "nn.LazyConvTranspose3d": dict(rtol=1e-4, atol=1e-4)}
+# Gradients sum over batch, time and space in float32, in XLA's order: 1e-5 to 4e-5 apart at values
+# about 1 (Conv3d and ConvTranspose3d weights, MultiheadAttention, LSTM, Transformer layers), and
+# for CTCLoss's input gradients pjrt is the closer of the two to float64 (9e-6 from it, CPU's 7e-5)
+GRAD_TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 
 
 def _skipped_for_parity(info) -> bool:
@@ -100,7 +101,8 @@ def _check(info, training: bool, k: int) -> None:
                 continue
             assert a.shape == b.shape and a.dtype == b.dtype, what
             if info.name not in RANDOM:
-                torch.testing.assert_close(a, b, **TOLERANCE.get(info.name, {}), equal_nan=True, msg=lambda m: f"{what}: {m}")
+                tolerance = GRAD_TOLERANCE if what != "outputs" else {}
+                torch.testing.assert_close(a, b, **tolerance, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
 @pytest.mark.parametrize("info,training,k", list(_cases(every=False)))
