@@ -35,12 +35,12 @@ def _skipped_for_parity(info) -> bool:
                and any(getattr(f, "__name__", "") == "decorator" for f in d.decorators) for d in info.decorators)
 
 
-def _cases(every: bool):
+def _cases(every: bool, dtype=DTYPE):
     for info in module_db:
-        if DTYPE not in info.dtypes or _skipped_for_parity(info):
+        if dtype not in info.dtypes or _skipped_for_parity(info):
             continue
         for training in ((True, False) if info.train_and_eval_differ else (True,)):
-            inputs = info.module_inputs_func(info, device="cpu", dtype=DTYPE, requires_grad=True, training=training)
+            inputs = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)
             for k in range(len(inputs) if every else min(1, len(inputs))):
                 if every and k == 0:
                     continue  # the default run's case
@@ -63,12 +63,12 @@ def _grads(tree):
     return [x.grad for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor) and x.requires_grad]
 
 
-def _run(info, module_input, training: bool, device: str, grad_outputs=None):
+def _run(info, module_input, training: bool, device: str, grad_outputs=None, dtype=DTYPE):
     """(outputs, input grads, parameter grads), on the CPU; the grad_outputs used."""
     args, kwargs = tree_map(_to(device), (module_input.forward_input.args, module_input.forward_input.kwargs))
     torch.manual_seed(0)
     constructor = module_input.constructor_input
-    module = info.module_cls(*constructor.args, **constructor.kwargs).to(DTYPE)
+    module = info.module_cls(*constructor.args, **constructor.kwargs).to(dtype)
     if issubclass(info.module_cls, torch.nn.modules.lazy.LazyModuleMixin):
         with torch.no_grad():
             module(*tree_map(_to("cpu"), args), **tree_map(_to("cpu"), kwargs))
@@ -86,12 +86,12 @@ def _run(info, module_input, training: bool, device: str, grad_outputs=None):
     return (cpu(flat), cpu(_grads((args, kwargs))), cpu([p.grad for p in module.parameters()])), grad_outputs
 
 
-def _check(info, training: bool, k: int) -> None:
+def _check(info, training: bool, k: int, dtype=DTYPE) -> None:
     torch.manual_seed(k)  # the inputs are random: made once, for both devices
-    module_input = info.module_inputs_func(info, device="cpu", dtype=DTYPE, requires_grad=True, training=training)[k]
-    want, grad_outputs = _run(info, module_input, training, "cpu")
+    module_input = info.module_inputs_func(info, device="cpu", dtype=dtype, requires_grad=True, training=training)[k]
+    want, grad_outputs = _run(info, module_input, training, "cpu", dtype=dtype)
     before = torch_pjrt.fallback_ops()
-    got, _ = _run(info, module_input, training, "pjrt", grad_outputs)
+    got, _ = _run(info, module_input, training, "pjrt", grad_outputs, dtype=dtype)
     assert torch_pjrt.fallback_ops() == before, "ran on the CPU fallback"
     for what, g, w in zip(("outputs", "input grads", "parameter grads"), got, want):
         assert len(g) == len(w), what
@@ -101,7 +101,7 @@ def _check(info, training: bool, k: int) -> None:
                 continue
             assert a.shape == b.shape and a.dtype == b.dtype, what
             if info.name not in RANDOM:
-                tolerance = GRAD_TOLERANCE if what != "outputs" else {}
+                tolerance = GRAD_TOLERANCE if what != "outputs" and dtype == torch.float32 else {}
                 torch.testing.assert_close(a, b, **tolerance, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
@@ -114,6 +114,13 @@ def test_module_as_on_cpu(info, training, k):
 @pytest.mark.parametrize("info,training,k", list(_cases(every=True)))
 def test_module_every_input_as_on_cpu(info, training, k):
     _check(info, training, k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("info,training,k", list(_cases(every=False, dtype=torch.float64)))
+def test_module_float64_as_on_cpu(info, training, k):
+    """float64 at assert_close's float64 tolerances: no lowering computes in a narrower type."""
+    _check(info, training, k, torch.float64)
 
 
 def _error_cases():
