@@ -75,6 +75,9 @@ def _dispatch_dtype_as_cpu(op, args, kwargs) -> None:
     refused = refused_dtypes(op)
     if not refused:
         return
+    if args and isinstance(args[0], torch.Tensor) and args[0].dtype not in refused and not any(
+            isinstance(v, torch.dtype) for v in (*args, *kwargs.values())):
+        return  # the common case (a first tensor of a dtype CPU computes, no dtype argument), without binding
     sig = Signature.of(op)
     try:
         check_dtype_on_cpu(op, sig, sig.bind(args, kwargs), refused)
