@@ -1646,3 +1646,26 @@ def test_a_refused_inplace_cast_in_cpus_words(call):
     check without the call's arguments, so there the words stay pjrt's: docs/conformance-notes.md.)
     view_as_complex says "half, float and double" and names the dtype as c10 does, as CPU."""
     assert_raises_like_cpu(call, "in-place cast")
+
+
+_SPD = [[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 4.0]]
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.nn.functional.soft_margin_loss(torch.ones(3, dtype=torch.int64, device=d),
+                                                   torch.ones(3, dtype=torch.int64, device=d)),
+    lambda d: torch.nn.functional.soft_margin_loss(torch.ones(3, dtype=torch.uint8, device=d), torch.ones(3, device=d),
+                                                   reduction="none"),
+    lambda d: torch.linalg.eigvals(torch.tensor(_SPD, dtype=torch.float16, device=d)),
+    lambda d: torch.linalg.eigvals(torch.tensor(_SPD, dtype=torch.bfloat16, device=d)),
+    lambda d: torch.linalg.lstsq(torch.tensor(_SPD, dtype=torch.float16, device=d),
+                                 torch.tensor(_SPD, dtype=torch.float16, device=d)),
+], ids=["soft_margin_loss int64", "soft_margin_loss uint8", "eigvals float16", "eigvals bfloat16", "lstsq float16"])
+def test_an_undeclared_input_dtype_raises_as_cpu(call):
+    """From a one-off run of the undeclared-dtype sweep with int64, uint8, float16 and bfloat16 inputs.
+    soft_margin_loss of an integer input: CPU computes in the input's dtype and refuses the float exp's
+    cast; pjrt returned int64 zeros (a truncated float loss). eigvals and lstsq of float16 hand LAPACK a
+    dtype it has no kernel of: JAX traces it and fails only when the region compiles ("failed when its
+    region ran"); the lowerings refuse at trace time, so CPU's call names the error."""
+    assert_raises_like_cpu(call, "undeclared input dtype")
+

@@ -351,7 +351,16 @@ def _complex_of(dtype):
     the ops an error passes through, has no entry for it)."""
     if not jnp.issubdtype(dtype, jnp.inexact):
         raise RuntimeError(f"Unknown Complex ScalarType for {c10_name(to_torch(dtype))}")
+    _lapack_dtype(dtype, "eig")
     return np.dtype(np.complex128) if np.dtype(dtype) in (np.float64, np.complex128) else np.dtype(np.complex64)
+
+
+def _lapack_dtype(dtype, name: str) -> None:
+    """Refuse a float16 or bfloat16 input of a lowering that hands it to LAPACK as it is: JAX traces it but
+    fails when the executable compiles (in fused eager, when its region runs: "failed when its region ran"),
+    past eager's checks; refused here, at trace time, CPU's call names the error (eigvals', lstsq's)."""
+    if np.dtype(dtype) in (np.dtype(np.float16), np.dtype(jnp.bfloat16)):
+        raise TypeError(f"{name}: LAPACK has no {np.dtype(dtype).name} kernels")
 
 
 @lowering(aten.linalg_eig.default,
@@ -388,6 +397,7 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
     if self.dtype != b.dtype:  # CPU refuses rather than promotes (pjrt solved in input's dtype)
         raise RuntimeError(f"torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's "
                            f"dtype {c10_name(to_torch(self.dtype))} and other's dtype {c10_name(to_torch(b.dtype))}")
+    _lapack_dtype(self.dtype, "lstsq")
     A = self
     m, n = A.shape[-2:]
     vector = b.ndim == A.ndim - 1

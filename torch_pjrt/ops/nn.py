@@ -1177,6 +1177,8 @@ def huber_loss_backward(grad_output, self, target, reduction, delta):
 
 @lowering(aten.soft_margin_loss.default)
 def soft_margin_loss(self, target, reduction=1):
+    if not jnp.issubdtype(self.dtype, jnp.inexact):  # CPU computes in self's dtype (neg_out, then exp_): an
+        raise TypeError(f"soft_margin_loss of {self.dtype}")  # integer self refuses the cast; CPU's call names it
     x, t = _up(self), _up(target)
     return _reduce(jnp.log1p(jnp.exp(-x * t)), reduction).astype(self.dtype)  # CPU's order: a bool target works
 
