@@ -1681,3 +1681,18 @@ def test_determinant_of_no_elements(shape, dtype):
         _same_as_cpu(lambda d: torch.linalg.slogdet(torch.ones(shape, dtype=dtype, device=d))[1])
     else:  # slogdet refuses low precision dtypes first
         assert_raises_like_cpu(lambda d: torch.linalg.slogdet(torch.ones(shape, dtype=dtype, device=d)), "slogdet")
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_fractional_max_pool_takes_the_first_samples_of_a_longer_batch(nd):
+    """_random_samples with more rows than the input's batch: CPU uses the first rows; pjrt's gather
+    broadcast the input to the samples' batch (a (1, C, ...) input gave a (2, C, ...) result; found
+    by test_modules.py's test_forward of nn.FractionalMaxPool3d)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((1, 4) + (6,) * nd, generator=g)
+    samples = torch.rand(3, 4, nd, generator=g)
+    pool = torch.nn.functional.fractional_max_pool2d if nd == 2 else torch.nn.functional.fractional_max_pool3d
+    want = pool(x, 2, output_size=3, _random_samples=samples, return_indices=True)
+    got = pool(x.to("pjrt"), 2, output_size=3, _random_samples=samples.to("pjrt"), return_indices=True)
+    for w, o in zip(want, got):
+        assert o.shape == w.shape and torch.equal(o.cpu(), w)

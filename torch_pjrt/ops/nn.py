@@ -1030,6 +1030,7 @@ def _fractional_max_pool(name, x, kernel_size, output_size, random_samples, nd):
         raise RuntimeError("Expect _random_samples.size(1) equals to input channel size.")
     if random_samples.shape[0] < x.shape[0]:  # the gather below would return fewer samples' windows
         raise RuntimeError("Expect _random_samples.size(0) no less then input batch size.")
+    random_samples = random_samples[: x.shape[0]]  # CPU uses the first batch's worth: more would broadcast
     dims = ("time", "height", "width")[3 - nd:]
     for d, n, k, o in zip(dims, sizes, kernel_size, output_size):
         # CPU's checks: the 2d windows may end at the input's end, the 3d ones must not
