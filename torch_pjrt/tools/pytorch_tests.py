@@ -40,7 +40,7 @@ DEFAULT_FILES = ("test_torch", "test_view_ops", "test_indexing", "test_scatter_g
                  "test_shape_ops", "test_reductions", "test_binary_ufuncs", "test_unary_ufuncs", "test_type_promotion",
                  "test_tensor_creation_ops", "test_foreach", "test_linalg", "test_autograd", "test_serialization",
                  "test_nn", "nn/test_embedding", "nn/test_convolution", "nn/test_pooling", "nn/test_dropout",
-                 "nn/test_multihead_attention", "nn/test_packed_sequence")
+                 "nn/test_multihead_attention", "nn/test_packed_sequence", "test_modules")
 SLOW_SECONDS = 60.0
 DEVICE_CLASS = {"cpu": "CPU", "pjrt": "PRIVATEUSE1 or PJRT"}  # pytest -k: a device's instantiated classes
 
