@@ -1696,3 +1696,19 @@ def test_fractional_max_pool_takes_the_first_samples_of_a_longer_batch(nd):
     got = pool(x.to("pjrt"), 2, output_size=3, _random_samples=samples.to("pjrt"), return_indices=True)
     for w, o in zip(want, got):
         assert o.shape == w.shape and torch.equal(o.cpu(), w)
+
+
+def test_masked_fill_with_a_device_value_out_of_range_raises_as_cpu():
+    """A 0-d tensor value on the device that the target's dtype cannot hold: CPU's error, not a
+    wrapped or saturated fill."""
+    def call(device):
+        x = torch.zeros(3, dtype=torch.int8, device=device)
+        mask = torch.tensor([True, False, True], device=device)
+        x.masked_fill(mask, torch.full((), 300.0, device=device))
+        if device == "pjrt":
+            torch.pjrt.synchronize()
+    with pytest.raises(RuntimeError) as cpu:
+        call("cpu")
+    with pytest.raises(RuntimeError) as pjrt:
+        call("pjrt")
+    assert str(pjrt.value).split("\n")[0] == str(cpu.value).split("\n")[0]
