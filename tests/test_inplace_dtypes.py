@@ -15,6 +15,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.testing._internal.common_methods_invocations import op_db
 
+from tests.ops.harness import first_difference
+
 # (the samples' dtype, the dtypes self is converted to): one of each kind CPU's casting rules tell
 # apart from float32 (integer, bool, narrower float, complex), and a float or bool self of integer samples
 SELF_DTYPES = ((torch.float32, (torch.int64, torch.bool, torch.float16, torch.complex64)),
@@ -57,22 +59,7 @@ def _difference(expected, got, random: bool) -> str | None:
     (cpu_returns_self, cpu_results), (pjrt_returns_self, pjrt_results) = expected, got
     if cpu_returns_self != pjrt_returns_self:
         return "returned tensor is not self"
-    if len(cpu_results) != len(pjrt_results):
-        return f"{len(pjrt_results)} results, CPU's {len(cpu_results)}"
-    for e, g in zip(cpu_results, pjrt_results):
-        if e.shape != g.shape or e.dtype != g.dtype:
-            return f"{g.dtype}{list(g.shape)}, CPU's {e.dtype}{list(e.shape)}"
-        if random:
-            continue
-        # integer results exactly: a float result cast into an integer self is where casting before or
-        # after the computation differs
-        tolerance = dict(rtol=0, atol=0) if not e.is_floating_point() and not e.is_complex() else \
-            dict(rtol=2e-3, atol=2e-3) if e.dtype == torch.float16 else dict(rtol=1e-4, atol=1e-4)
-        try:
-            torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
-        except AssertionError as error:
-            return f"values: {str(error).splitlines()[-1]}"
-    return None
+    return first_difference(cpu_results, pjrt_results, random, half_tolerance=2e-3)
 
 
 def _said(outcome):

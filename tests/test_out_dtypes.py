@@ -14,6 +14,8 @@ import torch
 from torch.utils._pytree import tree_map
 from torch.testing._internal.common_methods_invocations import op_db
 
+from tests.ops.harness import first_difference
+
 # One of each kind CPU's rules tell apart (wider float, integer, bool, complex): float16 and int32 outs
 # follow float64's and int64's rules, at a third more run time.
 OUT_DTYPES = (torch.float64, torch.int64, torch.bool, torch.complex64)
@@ -49,20 +51,8 @@ def _difference(expected, got, random: bool) -> str | None:
     (cpu_returns_out, cpu_outs), (pjrt_returns_out, pjrt_outs) = expected, got
     if cpu_returns_out != pjrt_returns_out:
         return "returned tensor is not out"
-    for e, g in zip(cpu_outs, pjrt_outs):
-        if e.shape != g.shape or e.dtype != g.dtype:
-            return f"out {g.dtype}{list(g.shape)}, CPU's {e.dtype}{list(e.shape)}"
-        if random:
-            continue
-        # integer outs exactly: an integer out of a float input is where casting before or after the
-        # computation differs (sum([0.6, 0.6, 0.6]) is 0 in CPU's int64 out, not 1)
-        tolerance = dict(rtol=0, atol=0) if not e.is_floating_point() and not e.is_complex() else \
-            dict(rtol=1e-3, atol=1e-3) if e.dtype == torch.float16 else dict(rtol=1e-4, atol=1e-4)
-        try:
-            torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
-        except AssertionError as error:
-            return f"values: {str(error).splitlines()[-1]}"
-    return None
+    # integer outs exactly: sum([0.6, 0.6, 0.6]) is 0 in CPU's int64 out, not 1
+    return first_difference(cpu_outs, pjrt_outs, random, half_tolerance=1e-3)
 
 
 def _results_on_cpu(info, sample):

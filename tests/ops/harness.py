@@ -124,3 +124,24 @@ def no_fallback():
     after = torch_pjrt.fallback_ops()
     ran = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
     assert ran == {}, f"ran on the CPU fallback: {ran}"
+
+
+def first_difference(cpu: list, pjrt: list, random: bool, half_tolerance: float) -> str | None:
+    """How the first of `pjrt`'s tensors differs from its twin in `cpu` (count, dtype, shape, values),
+    or None. Integer and bool tensors compare exactly (a float result cast into an integer tensor
+    before or after the computation differs by whole units); float16 at `half_tolerance`, other
+    floats at 1e-4; `random`: dtypes and shapes only."""
+    if len(cpu) != len(pjrt):
+        return f"{len(pjrt)} results, CPU's {len(cpu)}"
+    for e, g in zip(cpu, pjrt):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return f"{g.dtype}{list(g.shape)}, CPU's {e.dtype}{list(e.shape)}"
+        if random:
+            continue
+        exact = not e.is_floating_point() and not e.is_complex()
+        tolerance = 0 if exact else half_tolerance if e.dtype == torch.float16 else 1e-4
+        try:
+            torch.testing.assert_close(g, e, equal_nan=True, rtol=tolerance, atol=tolerance)
+        except AssertionError as error:
+            return f"values: {str(error).splitlines()[-1]}"
+    return None
