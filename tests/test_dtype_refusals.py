@@ -58,7 +58,19 @@ def test_a_listed_dtype_cpu_accepts_in_this_call_is_computed_and_forgotten(monke
     a = torch.tensor([True, False, True, True, False, True, False]).reshape(7, 1, 1)
     b = torch.tensor([2, 3, -1, 5, -7]).reshape(1, 5, 1)
     assert torch.equal(torch.floor_divide(a.to("pjrt"), b.to("pjrt")).cpu(), torch.floor_divide(a, b))
-    assert errors._DTYPE_ACCEPTED == {(op, torch.bool, False, False)}
+    assert errors._DTYPE_ACCEPTED == {(op, torch.bool, False, False, ())}
+
+
+def test_a_string_argument_cpu_accepted_speaks_for_that_argument_only():
+    """CPU's scatter_reduce sums bools but has no bool mean: accepting reduce="sum" must not let
+    reduce="mean" through (a whole run once computed the mean after the sum had been asked)."""
+    def call(d, reduce):
+        x = torch.tensor([True, False, True, False, True], device=d)
+        index = torch.tensor([0, 1, 0, 1, 2], device=d)
+        return torch.zeros(3, dtype=torch.bool, device=d).scatter_reduce(0, index, x, reduce)
+
+    assert torch.equal(call("pjrt", "sum").cpu(), call("cpu", "sum"))
+    assert_raises_like_cpu(lambda d: call(d, "mean"), "scatter_reduce mean of bools")
 
 
 # A call's `dtype=` argument is the dtype CPU's kernel dispatches on: factories have no tensor, and

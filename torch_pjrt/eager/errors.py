@@ -49,17 +49,18 @@ class DtypeRefused(MetaRejected):
     """The call dispatches on a dtype CPU torch has no kernel of this op for
     (ops/cpu_refused_dtypes.json; see `dispatch_dtype`): CPU's own call decides what to raise."""
 
-    def __init__(self, op, dtype: torch.dtype, from_argument: bool, empty: bool = False):
+    def __init__(self, op, dtype: torch.dtype, from_argument: bool, empty: bool = False, choices: tuple = ()):
         super().__init__(NotImplementedError(f"{op_label(op)}: no CPU kernel for {dtype}"))
-        self.op, self.dtype, self.from_argument, self.empty = op, dtype, from_argument, empty
+        self.op, self.dtype, self.from_argument, self.empty, self.choices = op, dtype, from_argument, empty, choices
 
     def forget(self) -> None:
         """CPU accepted the call after all (its dtype is not the one its kernel dispatches on:
         cumsum of a bool tensor computes in int64). Only calls whose dtype comes from the same
         place are let through from now on: cumsum(dtype=torch.bool) is still asked. A call with an
         empty tensor speaks only for such calls: CPU returns before its dtype dispatch (mm of a
-        bool [0, 2] matrix), and its bool mm of 2 x 2 still refuses."""
-        _DTYPE_ACCEPTED.add((self.op, self.dtype, self.from_argument, self.empty))
+        bool [0, 2] matrix), and its bool mm of 2 x 2 still refuses. A call's string arguments choose
+        CPU's kernel: scatter_reduce of bools with reduce="sum" speaks for "sum" only ("mean" refuses)."""
+        _DTYPE_ACCEPTED.add((self.op, self.dtype, self.from_argument, self.empty, self.choices))
 
 
 class MixedDtypesRefused(MetaRejected):
@@ -69,17 +70,23 @@ class MixedDtypesRefused(MetaRejected):
     accept it, so CPU's own call decides, once per op and combination of dtypes (an elementwise op
     promotes them: never asked)."""
 
-    def __init__(self, op, dtypes: tuple, empty: bool = False):
+    def __init__(self, op, dtypes: tuple, empty: bool = False, choices: tuple = ()):
         super().__init__(RuntimeError(f"{op_label(op)}: operands of the dtypes {', '.join(map(str, dict.fromkeys(dtypes)))}"))
-        self.op, self.dtypes, self.empty = op, dtypes, empty
+        self.op, self.dtypes, self.empty, self.choices = op, dtypes, empty, choices
 
     def forget(self) -> None:
         """CPU accepted the combination: it is not asked again (for calls with an empty tensor, only
-        for such calls, as DtypeRefused.forget)."""
-        _MIXED_ACCEPTED.add((self.op, self.dtypes, self.empty))
+        for such calls, and for the same string arguments, as DtypeRefused.forget)."""
+        _MIXED_ACCEPTED.add((self.op, self.dtypes, self.empty, self.choices))
 
 
-# (op, dtypes of its tensors, whether one is empty) CPU accepted though they mix dtypes (see MixedDtypesRefused)
+def _choices(values) -> tuple:
+    """A call's string arguments (scatter_reduce's reduce, div's rounding_mode, gelu's approximate):
+    they choose which of CPU's kernels runs, and so whether it accepts a dtype."""
+    return tuple(v for v in values if isinstance(v, str))
+
+
+# (op, dtypes of its tensors, whether one is empty, string arguments) CPU accepted though they mix dtypes (see MixedDtypesRefused)
 _MIXED_ACCEPTED: set = set()
 
 
@@ -94,9 +101,9 @@ def check_mixed_dtypes(op, sig, values) -> None:
     # keyed by each operand's dtype in order: CPU accepting index_put's float32 values over float32
     # self says nothing of int64 values
     if len(set(dtypes)) > 1:
-        empty = _any_empty(_operands(sig, values))
-        if (op, dtypes, empty) not in _MIXED_ACCEPTED:
-            raise MixedDtypesRefused(op, dtypes, empty)
+        empty, choices = _any_empty(_operands(sig, values)), _choices(values)
+        if (op, dtypes, empty, choices) not in _MIXED_ACCEPTED:
+            raise MixedDtypesRefused(op, dtypes, empty, choices)
 
 
 def _any_empty(tensors) -> bool:
@@ -134,7 +141,7 @@ def _cpu_refused() -> dict:
 
 # aten overload name -> dispatch dtypes CPU has no kernel for (tools/cpu_dtypes.py)
 _CPU_REFUSED: dict = _cpu_refused()
-# (op, dtype, from its dtype argument, whether a tensor is empty) CPU accepted though the table lists the dtype
+# (op, dtype, from its dtype argument, whether a tensor is empty, string arguments) CPU accepted though the table lists the dtype
 # (DtypeRefused.forget)
 _DTYPE_ACCEPTED: set = set()
 
@@ -180,8 +187,9 @@ def check_dtype_on_cpu(op, sig, values, refused: set | None = None) -> None:
     if dtype in refused:
         empty = _any_empty(v for kind, v in zip(sig.kinds, values) if kind == TENSOR) or any(
             _any_empty(v) for kind, v in zip(sig.kinds, values) if kind == TENSOR_LIST and isinstance(v, (list, tuple)))
-        if (op, dtype, from_argument, empty) not in _DTYPE_ACCEPTED:
-            raise DtypeRefused(op, dtype, from_argument, empty)
+        choices = _choices(values)
+        if (op, dtype, from_argument, empty, choices) not in _DTYPE_ACCEPTED:
+            raise DtypeRefused(op, dtype, from_argument, empty, choices)
 
 
 # (op, call kind) whose meta check rejected a call that CPU accepts: such calls trace unchecked. Kept
