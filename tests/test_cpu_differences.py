@@ -1712,3 +1712,27 @@ def test_masked_fill_with_a_device_value_out_of_range_raises_as_cpu():
     with pytest.raises(RuntimeError) as pjrt:
         call("pjrt")
     assert str(pjrt.value).split("\n")[0] == str(cpu.value).split("\n")[0]
+
+
+# An in-place result CPU will not cast into self: CPU's own words, also from the C++ fast path (its
+# store used to raise the Python store's "result type Float ..." for ldexp_, and c10's 'Bool' for clamp_)
+UNCASTABLE_IN_PLACE = {
+    "ldexp_ into int64": lambda d: torch.ones(3, dtype=torch.int64, device=d).ldexp_(torch.ones(3, device=d)),
+    "ldexp_ into bool": lambda d: torch.ones(3, dtype=torch.bool, device=d).ldexp_(torch.ones(3, device=d)),
+    "clamp_ into bool": lambda d: torch.ones(3, dtype=torch.bool, device=d).clamp_(min=torch.zeros(3, device=d)),
+    "add_ float into int64": lambda d: torch.ones(3, dtype=torch.int64, device=d).add_(torch.ones(3, device=d)),
+}
+
+
+@pytest.mark.parametrize("mode", ["fused", "op"])
+@pytest.mark.parametrize("name", UNCASTABLE_IN_PLACE)
+def test_an_in_place_result_cpu_will_not_cast_into_self_raises_cpus_words(name, mode):
+    import torch_pjrt
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        for _ in range(3):  # the C++ fast path serves the later calls
+            assert_raises_like_cpu(UNCASTABLE_IN_PLACE[name], name)
+    finally:
+        torch_pjrt.set_eager_mode(before)

@@ -156,14 +156,6 @@ KNOWN = {
     "nn.functional.rrelu (torch.float32 samples, self torch.float16)": "CUDA has a float16 rrelu_with_noise: the dtype "
                                                                        "table lists only what neither CPU nor CUDA computes",
     "trace (torch.bool inputs)": "CUDA has a bool trace (an int64 count): as nn.functional.rrelu",
-    # the same error type, other words
-    "ldexp (torch.float32 samples, self torch.int64)": "CPU's ldexp_ names itself ('ldexp can't be cast to the desired "
-                                                       "output type Long'); the C++ fast path stores an in-place result "
-                                                       "through _store's cast check, which has no arguments to ask CPU "
-                                                       "with ('result type Float'; the Python kernel asks CPU)",
-    "ldexp (torch.float32 samples, self torch.bool)": "as ldexp (self int64)",
-    "nn.functional.gaussian_nll_loss (torch.bool inputs)": "CPU's clamp_ names out's dtype by its C++ type ('bool'), "
-                                                           "pjrt by c10's ('Bool'): as ldexp (self int64)",
 }
 
 

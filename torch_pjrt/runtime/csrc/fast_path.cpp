@@ -277,6 +277,14 @@ bool store_whole(const at::Tensor& self, const py::object& result) {
   return true;
 }
 
+// Whether an in-place result may be written into self by torch's casting rules (an array or a
+// pending value; anything else is left to the store's own check).
+static bool castable_into(const py::object& result, const at::Tensor& self) {
+  if (!is_pending(result.ptr()) && Py_TYPE(result.ptr()) != reinterpret_cast<PyTypeObject*>(g_eager.array_type))
+    return true;
+  return c10::canCast(array_type(result).dtype, self.scalar_type());
+}
+
 class FastKernel : public c10::OperatorKernel {
  public:
   // `run`: the op's executable; `recorded`: the same as a fused.Recordable, called in fused mode.
@@ -335,6 +343,9 @@ class FastKernel : public c10::OperatorKernel {
     }
     if (store_) {
       c10::IValue self = (*stack)[stack->size() - n];
+      // a result CPU would not cast into self (ldexp_ of an int64 self): the Python kernel raises CPU's
+      // own error, in its words ("ldexp can't be cast to the desired output type Long")
+      if (self.isTensor() && !castable_into(result, self.toTensor())) return slow(op, stack, n);
       torch::jit::drop(*stack, n);
       if (self.isTensorList()) {  // a foreach op_: each tensor takes its result; it returns nothing
         auto targets = self.toTensorList();
