@@ -56,7 +56,7 @@ def _setup() -> None:
     torch._register_device_module("pjrt", device_module)
 
     from . import ops  # noqa: F401  (registers the lowerings)
-    from .eager import fallback, kernels as eager, linalg_checks, sparse, transfer, view_kernels
+    from .eager import fallback, kernels as eager, linalg_checks, nested, sparse, transfer, view_kernels
 
     eager.register(transfer.kernels() | view_kernels.kernels() | sparse.kernels() | linalg_checks.kernels())
     from .runtime import fused
@@ -74,6 +74,7 @@ def _setup() -> None:
     for key in fallback.SPARSE_KEYS:  # sparse layouts and quantized dtypes: one clear error (fallback.py)
         _fallback_library.fallback(fallback.refuse_sparse, key)
     sparse.register()  # COO on pjrt: what sparse gradients and their optimizers need (eager/sparse.py)
+    nested.register()  # nested tensors of nn.TransformerEncoder's fast path (eager/nested.py)
     _fallback_library.fallback(fallback.refuse_quantized, fallback.QUANTIZED_KEY)
     from . import autocast
 

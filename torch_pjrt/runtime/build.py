@@ -54,10 +54,10 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-# The translation units (runtime.h says what each holds), compiled in parallel by ninja in
-# this order: the longest first, so it is not the one left running alone at the end.
-SOURCES = ("fast_path.cpp", "module.cpp", "recorder.cpp", "kernels.cpp", "allocator.cpp", "hooks.cpp", "profiler.cpp",
-           "guard.cpp", "sparse.cpp")
+def _sources() -> list[Path]:
+    """The translation units (runtime.h says what each holds): every .cpp in csrc, as the key hashes
+    them, the largest first, so ninja does not leave the longest compiling alone at the end."""
+    return sorted(CSRC.glob("*.cpp"), key=lambda path: (-path.stat().st_size, path.name))
 
 
 # NDEBUG: a release build, as torch's own: without it pybind11 checks that the GIL is held on
@@ -181,12 +181,12 @@ def _build(build_dir: Path, key: str):
         _remove_interrupted_builds(key)
         partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL}{key}-", dir=cache_dir()))
         _say(
-            f"building the C++ runtime for torch {torch.__version__} ({len(SOURCES)} files) in {build_dir}; "
+            f"building the C++ runtime for torch {torch.__version__} ({len(_sources())} files) in {build_dir}; "
             f"once per torch version; it takes {MEASURED_BUILD}"
         )
         started = time.monotonic()
         try:
-            module = build_and_load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=CFLAGS,
+            module = build_and_load(name=NAME, sources=[str(path) for path in _sources()], extra_cflags=CFLAGS,
                                     build_directory=str(partial), verbose=False)
         except Exception as e:  # compiler errors arrive as RuntimeError with the log
             shutil.rmtree(partial, ignore_errors=True)

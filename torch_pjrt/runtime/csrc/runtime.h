@@ -16,6 +16,8 @@
 //   recorder.cpp    fused eager's recorder of fast kernels' calls (CallRecorder)
 //   module.cpp      the Python module (used by torch_pjrt/*.py): a storage's JAX buffer
 //                   as storage.py sees it, and the runtime's calls into Python
+//   sparse.cpp      ATen's device-generic sparse COO kernels on SparsePrivateUse1
+//   nested.cpp      ATen's device-generic nested tensor kernels (the transformer fast path)
 //
 // Everything that computes lives in Python (storage.py, the op table).
 #pragma once
