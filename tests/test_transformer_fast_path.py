@@ -221,3 +221,28 @@ def test_multi_head_attention_in_half_precision_is_close_to_cpu(dtype):
     mask = KEY_PADDING.to("pjrt")
     _assert_same(list(_attention("cpu", dtype=dtype, mask=KEY_PADDING, mask_type=1)),
                  [t.cpu() for t in _attention("pjrt", dtype=dtype, mask=mask, mask_type=1)], dtype)
+
+
+def _nested_layer(device, layer, gap: int):
+    """_transformer_encoder_layer_fwd of a nested batch of two sequences (5 and 3 rows) with `gap`
+    rows between them in its buffer."""
+    buffer = torch.randn((5 + gap + 3) * E, generator=torch.Generator().manual_seed(6))
+    nested = torch._nested_view_from_buffer(buffer.to(device), torch.tensor([[5, E], [3, E]]),
+                                            torch.tensor([[E, 1], [E, 1]]), torch.tensor([0, (5 + gap) * E]))
+    layer.to(device)
+    with torch.no_grad():
+        out = torch._transformer_encoder_layer_fwd(
+            nested, E, HEADS, layer.self_attn.in_proj_weight, layer.self_attn.in_proj_bias,
+            layer.self_attn.out_proj.weight, layer.self_attn.out_proj.bias, False, False, 1e-5, layer.norm1.weight,
+            layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
+            layer.linear2.weight, layer.linear2.bias)
+    return out.to_padded_tensor(0.0)
+
+
+def test_a_nested_encoder_layer_equals_cpu_and_refuses_what_cpu_refuses():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(E, HEADS, 32, dropout=0.0, batch_first=True).eval()
+    torch.testing.assert_close(_nested_layer("pjrt", layer, 0).cpu(), _nested_layer("cpu", layer, 0),
+                               **TOLERANCE[torch.float32])
+    # sequences apart in the buffer: CPU reads the buffer as one block and refuses
+    assert_raises_like_cpu(lambda d: _nested_layer(d, layer, 1), "a nested batch with a gap")
