@@ -246,3 +246,15 @@ def test_a_nested_encoder_layer_equals_cpu_and_refuses_what_cpu_refuses():
                                **TOLERANCE[torch.float32])
     # sequences apart in the buffer: CPU reads the buffer as one block and refuses
     assert_raises_like_cpu(lambda d: _nested_layer(d, layer, 1), "a nested batch with a gap")
+
+
+NESTED_FROM_MASK_ERRORS = {
+    "a mask with a gap": lambda d: torch._nested_tensor_from_mask(
+        X.to(d), torch.tensor([[True] * 5, [True, False, True, False, False], [True] * 5], device=d)),
+    "a float mask": lambda d: torch._nested_tensor_from_mask(X.to(d), (~KEY_PADDING).float().to(d)),
+}
+
+
+@pytest.mark.parametrize("name", NESTED_FROM_MASK_ERRORS)
+def test_packing_a_bad_mask_raises_as_cpu(name):
+    assert_raises_like_cpu(NESTED_FROM_MASK_ERRORS[name], name)

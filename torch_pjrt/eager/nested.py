@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from . import errors
+
 _library = None  # registrations live as long as their Library object
 
 
@@ -35,6 +37,19 @@ def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, 
         norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
         padding.to(padded.device), 1)  # mask type 1: a (B, L) key padding mask
     return layout.packed(out) if layout is not None else torch._nested_from_padded(out, sizes)
+
+
+def from_mask(t, mask, mask_check=True):
+    """_nested_tensor_from_mask: the rows of a padded (B, L, width) batch where a left-aligned (B, L)
+    mask is True, as a nested tensor. One host read (the lengths) and one gather."""
+    if mask.dtype != torch.bool or t.dim() != 3 or tuple(mask.shape) != tuple(t.shape[:2]):
+        op = torch.ops.aten._nested_tensor_from_mask.default
+        errors.raise_as_cpu(op, (t, mask, mask_check), {})
+        raise RuntimeError(f"pjrt: {op} takes a (B, L, width) tensor and a (B, L) bool mask, got {tuple(t.shape)} and "
+                           f"{tuple(mask.shape)} {mask.dtype}")
+    if mask_check and not torch._nested_tensor_from_mask_left_aligned(t, mask):
+        raise RuntimeError("Mask must be left-aligned without gaps")
+    return _Layout.for_lengths(mask.sum(1).tolist(), t.shape[2], t.device).packed(t)
 
 
 class _Layout:
@@ -63,12 +78,16 @@ class _Layout:
         """The layout of a contiguous `nested`, or None where its sequences are not (length, width) ones."""
         if sizes.shape[1] != 2 or len(set(sizes[:, 1].tolist())) != 1:
             return None
-        key = (tuple(sizes[:, 0].tolist()), int(sizes[0, 1]), nested.device)
+        return cls.for_lengths(sizes[:, 0].tolist(), int(sizes[0, 1]), nested.device)
+
+    @classmethod
+    def for_lengths(cls, lengths: list, width: int, device) -> "_Layout":
+        key = (tuple(lengths), width, device)
         layout = cls._recent.get(key)
         if layout is None:
             if len(cls._recent) >= 16:
                 cls._recent.clear()
-            layout = cls._recent[key] = cls(list(key[0]), key[1], nested.device)
+            layout = cls._recent[key] = cls(lengths, width, device)
         return layout
 
     def padded(self, nested):
@@ -79,7 +98,10 @@ class _Layout:
         return padded.reshape(len(self.lengths), self.longest, self.width)
 
     def packed(self, padded):
-        """The nested tensor of `padded`'s rows within each sequence's length."""
+        """The nested tensor of `padded`'s rows within each sequence's length (its length dim may run
+        past the longest sequence)."""
+        if padded.shape[1] != self.longest:
+            padded = padded[:, :self.longest]
         buffer = padded.reshape(-1, self.width).index_select(0, self.kept).reshape(-1)
         return torch._nested_view_from_buffer(buffer, self.sizes, self.strides, self.offsets)
 
@@ -88,3 +110,4 @@ def register() -> None:
     global _library
     _library = torch.library.Library("aten", "IMPL")
     _library.impl("_transformer_encoder_layer_fwd", encoder_layer, "NestedTensorPrivateUse1")
+    _library.impl("_nested_tensor_from_mask", from_mask, "PrivateUse1")
