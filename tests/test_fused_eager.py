@@ -545,3 +545,31 @@ def test_an_optimizer_step_updates_parameters_and_states_in_place(mode, monkeypa
     copies = sum(1 for line in text[text.index("ENTRY"):].splitlines() if " copy(" in line)
     n_params = len(results["pjrt"])
     assert copies <= n_params, f"{copies} copies in the optimizer step's executable for {n_params} parameters"
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25])
+def test_first_sights_of_new_shapes_compile_their_region_where_asked(monkeypatch, tmp_path, fraction):
+    """TORCH_PJRT_FUSED_COLD_FRACTION (fused.COLD_FRACTION): a region seen for the first time whose
+    calls have no executables yet compiles at once instead of running op by op (0, the default:
+    op by op); the values are the same either way, and a second pass over the shapes runs cached."""
+    import torch_pjrt
+    from torch_pjrt.runtime import executable_store, fused
+
+    monkeypatch.setattr(fused, "COLD_FRACTION", fraction)
+    monkeypatch.setitem(executable_store._state, "folder", tmp_path)  # a store no call has an executable in
+
+    def step(x):
+        return ((x * 3 + 1).tanh() @ x.T).softmax(-1).sum(0)
+
+    first = 5 if fraction == 0 else 9  # shapes no other test (and not the other case) uses: every call new
+    shapes = [(first, 3), (first + 1, 3), (first + 2, 3)]
+    torch_pjrt.reset_eager_stats()
+    for shape in shapes * 2:
+        x = torch.arange(shape[0] * shape[1], dtype=torch.float32).reshape(shape) / 17
+        torch.testing.assert_close(step(x.to("pjrt")).cpu(), step(x))
+    stats = torch_pjrt.eager_stats()["fused"]
+    if fraction:
+        assert stats["region_compiles_at_first_sight"] == stats["region_compiles"] == len(shapes)
+        assert stats["region_cache_hits"] >= len(shapes)
+    else:  # op by op at the first sight, compiled at the second
+        assert stats["region_compiles_at_first_sight"] == 0 and stats["region_compiles"] == len(shapes)

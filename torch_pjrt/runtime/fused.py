@@ -64,6 +64,12 @@ log = logging.getLogger("torch_pjrt.fused")
 
 MAX_CALLS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_OPS", "2048"))  # a region ends with this many calls
 MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # compiles of one call sequence
+# A region seen for the first time (or past MAX_VARIANTS) runs op by op, each call on its own
+# executable, unless this fraction of its calls (and two) have none yet: then its program compiles at
+# once (_compiling_is_cheaper). 0, the default, turns that off (docs/eager.md, "First sights of new
+# shapes"): 0.25 halves a shape sweep's time and shortens a cold start, but a loop whose length varies
+# between syncs then compiles a region per length where its calls' executables would serve every length.
+COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0")
 
 _ARRAY = type(jax.numpy.zeros(()))
 _lock = threading.RLock()
@@ -654,12 +660,16 @@ def _run(region: Region, reason: str) -> None:
     else:
         how = _first_run(region, key)
         stored = _storable(region)
-        if how == "first sight" and stored:  # compiled by an earlier process: no need to run it op by op
+        # a first sight compiled by an earlier process: neither run op by op nor compiled again
+        if how in ("first sight", "first compile") and stored:
             run = executable_store.stored_region(region.calls, live, donate, inputs)
             if run is not None:
                 how = "stored"
                 _stats["store_hits"] += 1
-        elif how == "compiled":
+        if how == "first compile":  # its calls would each compile: the region compiles instead
+            how = _counted_compile(tuple(call[0].name for call in region.calls), region)
+            _stats["compiled_at_first_sight"] += 1
+        if how == "compiled":
             if len(_compiled_last) > 256:
                 _compiled_last.clear()
             calls = region.calls
@@ -751,32 +761,66 @@ def _materialize(region: Region, live, values, done: bool = True) -> None:
 
 
 def _first_run(region: Region, key: tuple) -> str:
-    """How a region without an executable runs: "compiled" (a structure seen before: a loop), or
-    op by op: "one op", "first sight" (a structure that may never come back costs no compile),
-    "recompiling" (its calls compiled MAX_VARIANTS structures already: shapes keep changing)."""
+    """How a region without an executable runs: "compiled" (a structure seen before: a loop; or one
+    whose calls would each compile an executable of their own, _compiling_is_cheaper), or op by op:
+    "one op", "first sight" (a structure that may never come back costs no compile), "recompiling"
+    (its calls compiled MAX_VARIANTS structures already: shapes keep changing)."""
     if len(region.calls) == 1:  # its own executable, shared with op-by-op mode
         return "one op"
     seen = hash(key)  # a collision only compiles a region at its first sight
-    if seen not in _seen:
+    first_sight = seen not in _seen
+    if first_sight:
         if len(_seen) > 65536:
             _seen.clear()
         _seen.add(seen)
         _stats["first_sight"] += 1
-        return "first sight"
     ops = tuple(call[0].name for call in region.calls)
     if len(_variants) > 16384:
         _variants.clear()
-    if ops in _call_by_call or _variants[ops] >= MAX_VARIANTS:
+    recompiling = ops in _call_by_call or _variants[ops] >= MAX_VARIANTS
+    if first_sight or recompiling:
+        if _compiling_is_cheaper(region):
+            return "first compile" if first_sight else _counted_compile(ops, region)
+        if first_sight:
+            return "first sight"
         if ops not in _call_by_call:
             _call_by_call.add(ops)
             log.warning("pjrt fused eager: a region of %d ops compiled %d variants (its shapes or static arguments "
-                        "keep changing); it runs op by op from now on", len(ops), _variants[ops])
+                        "keep changing); it runs op by op from now on, unless most of its calls are new", len(ops),
+                        _variants[ops])
         _stats["regions_op_by_op"] += 1
         return "recompiling"
+    return _counted_compile(ops, region)
+
+
+def _counted_compile(ops: tuple, region: Region) -> str:
     _variants[ops] += 1
     _log_compile(ops, region)
     _stats["compiles"] += 1
     return "compiled"
+
+
+def _compiling_is_cheaper(region: Region) -> bool:
+    """Whether compiling the region costs less than running it op by op: true where at least
+    COLD_FRACTION of its calls, and two, have no executable of their signature in this process or
+    the executable store, so op by op would compile one each. A new shape of a model's step or of a
+    loop's body is all new calls: one program for them compiles faster than an executable per call
+    (XLA's fixed cost per program dominates small ones), and runs the later sights too."""
+    if COLD_FRACTION <= 0 or not _storable(region):  # (without the store op by op runs JAX's own jit,
+        return False                                 # whose cache is not asked here)
+    enough = max(2, int(len(region.calls) * COLD_FRACTION))
+    cold = 0
+    inputs, outputs = region.inputs, region.outputs
+    for rec, statics, treedef, refs, _ in region.calls:
+        if rec.key is None:
+            continue
+        leaves = [outputs[r] if r >= 0 else inputs[-1 - r] for r in refs]
+        memo_key = _memo_key(rec, statics, treedef, leaves)
+        if memo_key[3] is not None and executable_store.find(memo_key, rec, memo_key[1], treedef, memo_key[3]) is None:
+            cold += 1
+            if cold >= enough:
+                return True
+    return False
 
 
 def _region_function(calls: list, live: tuple, donate: tuple):
@@ -910,6 +954,8 @@ def stats() -> dict:
             "region_compiles": _stats["compiles"],
             "region_cache_hits": _stats["cache_hits"],
             "regions_first_sight": _stats["first_sight"],
+            # first sights whose calls had no executables yet: compiled at once, not op by op (_compiling_is_cheaper)
+            "region_compiles_at_first_sight": _stats["compiled_at_first_sight"],
             "regions_op_by_op": _stats["regions_op_by_op"],
             "region_store_hits": _stats["store_hits"],  # compiled by an earlier process (executable_store.py)
             # run by this Python (first sight, compile, op by op, another device's); the rest by the C++ runner
