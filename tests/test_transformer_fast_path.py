@@ -252,6 +252,7 @@ NESTED_FROM_MASK_ERRORS = {
     "a mask with a gap": lambda d: torch._nested_tensor_from_mask(
         X.to(d), torch.tensor([[True] * 5, [True, False, True, False, False], [True] * 5], device=d)),
     "a float mask": lambda d: torch._nested_tensor_from_mask(X.to(d), (~KEY_PADDING).float().to(d)),
+    "an empty batch": lambda d: torch._nested_tensor_from_mask(X[:0].to(d), KEY_PADDING[:0].to(d)),
 }
 
 

@@ -42,7 +42,7 @@ def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, 
 def from_mask(t, mask, mask_check=True):
     """_nested_tensor_from_mask: the rows of a padded (B, L, width) batch where a left-aligned (B, L)
     mask is True, as a nested tensor. One host read (the lengths) and one gather."""
-    if mask.dtype != torch.bool or t.dim() != 3 or tuple(mask.shape) != tuple(t.shape[:2]):
+    if mask.dtype != torch.bool or t.dim() != 3 or tuple(mask.shape) != tuple(t.shape[:2]) or not len(t):
         op = torch.ops.aten._nested_tensor_from_mask.default
         errors.raise_as_cpu(op, (t, mask, mask_check), {})
         raise RuntimeError(f"pjrt: {op} takes a (B, L, width) tensor and a (B, L) bool mask, got {tuple(t.shape)} and "
