@@ -573,3 +573,27 @@ def test_first_sights_of_new_shapes_compile_their_region_where_asked(monkeypatch
         assert stats["region_cache_hits"] >= len(shapes)
     else:  # op by op at the first sight, compiled at the second
         assert stats["region_compiles_at_first_sight"] == 0 and stats["region_compiles"] == len(shapes)
+
+
+def test_first_sights_of_a_loop_of_another_length_run_op_by_op_where_asked(monkeypatch, tmp_path):
+    """With TORCH_PJRT_FUSED_COLD_FRACTION set, a loop whose length changes between syncs (an RNN
+    over each sequence length) still runs its first sights op by op: its calls repeat a few
+    signatures, whose executables serve every length, where a region would compile per length."""
+    import torch_pjrt
+    from torch_pjrt.runtime import executable_store, fused
+
+    monkeypatch.setattr(fused, "COLD_FRACTION", 0.25)
+    monkeypatch.setitem(executable_store._state, "folder", tmp_path)
+    x, w = torch.full((2, 13), 0.01), torch.eye(13) * 0.9  # (2, 13): a shape no other test uses
+
+    def loop(x, w, n):
+        h = x
+        for _ in range(n):
+            h = (h @ w).tanh()
+        return h.sum()
+
+    torch_pjrt.reset_eager_stats()
+    for n in (10, 11, 12):
+        torch.testing.assert_close(loop(x.to("pjrt"), w.to("pjrt"), n).cpu(), loop(x, w, n))
+    stats = torch_pjrt.eager_stats()["fused"]
+    assert stats["regions_first_sight"] >= 3 and stats["region_compiles_at_first_sight"] == 0

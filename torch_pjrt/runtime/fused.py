@@ -65,10 +65,9 @@ log = logging.getLogger("torch_pjrt.fused")
 MAX_CALLS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_OPS", "2048"))  # a region ends with this many calls
 MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # compiles of one call sequence
 # A region seen for the first time (or past MAX_VARIANTS) runs op by op, each call on its own
-# executable, unless this fraction of its calls (and two) have none yet: then its program compiles at
-# once (_compiling_is_cheaper). 0, the default, turns that off (docs/eager.md, "First sights of new
-# shapes"): 0.25 halves a shape sweep's time and shortens a cold start, but a loop whose length varies
-# between syncs then compiles a region per length where its calls' executables would serve every length.
+# executable, unless its distinct call signatures without one are this fraction of its calls (and
+# two): then its program compiles at once (_compiling_is_cheaper). 0, the default, turns that off
+# (docs/eager.md, "First sights of new shapes").
 COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0")
 
 _ARRAY = type(jax.numpy.zeros(()))
@@ -801,24 +800,27 @@ def _counted_compile(ops: tuple, region: Region) -> str:
 
 
 def _compiling_is_cheaper(region: Region) -> bool:
-    """Whether compiling the region costs less than running it op by op: true where at least
-    COLD_FRACTION of its calls, and two, have no executable of their signature in this process or
-    the executable store, so op by op would compile one each. A new shape of a model's step or of a
-    loop's body is all new calls: one program for them compiles faster than an executable per call
-    (XLA's fixed cost per program dominates small ones), and runs the later sights too."""
+    """Whether compiling the region costs less than running it op by op. Op by op compiles one
+    executable per distinct call signature that has none in this process or the executable store;
+    one program for the region compiles in time that grows with its calls. So: true where the
+    distinct new signatures are at least COLD_FRACTION of the calls, and two. A new shape of a
+    model's step or of a test's sweep is all new signatures; a loop whose length changes between
+    syncs repeats a few (an LSTM cell's), which op by op builds once for every length."""
     if COLD_FRACTION <= 0 or not _storable(region):  # (without the store op by op runs JAX's own jit,
         return False                                 # whose cache is not asked here)
     enough = max(2, int(len(region.calls) * COLD_FRACTION))
-    cold = 0
+    cold: set = set()
     inputs, outputs = region.inputs, region.outputs
     for rec, statics, treedef, refs, _ in region.calls:
         if rec.key is None:
             continue
         leaves = [outputs[r] if r >= 0 else inputs[-1 - r] for r in refs]
         memo_key = _memo_key(rec, statics, treedef, leaves)
-        if memo_key[3] is not None and executable_store.find(memo_key, rec, memo_key[1], treedef, memo_key[3]) is None:
-            cold += 1
-            if cold >= enough:
+        if memo_key[3] is None or memo_key in cold:
+            continue
+        if executable_store.find(memo_key, rec, memo_key[1], treedef, memo_key[3]) is None:
+            cold.add(memo_key)
+            if len(cold) >= enough:
                 return True
     return False
 
