@@ -548,13 +548,14 @@ def test_an_optimizer_step_updates_parameters_and_states_in_place(mode, monkeypa
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25])
-def test_first_sights_of_new_shapes_compile_their_region_where_asked(monkeypatch, tmp_path, fraction):
+def test_first_sights_of_new_shapes_compile_their_region_where_asked(monkeypatch, tmp_path, fraction, mode):
     """TORCH_PJRT_FUSED_COLD_FRACTION (fused.COLD_FRACTION): a region seen for the first time whose
     calls have no executables yet compiles at once instead of running op by op (0, the default:
     op by op); the values are the same either way, and a second pass over the shapes runs cached."""
     import torch_pjrt
     from torch_pjrt.runtime import executable_store, fused
 
+    mode("fused")
     monkeypatch.setattr(fused, "COLD_FRACTION", fraction)
     monkeypatch.setitem(executable_store._state, "folder", tmp_path)  # a store no call has an executable in
 
@@ -575,13 +576,14 @@ def test_first_sights_of_new_shapes_compile_their_region_where_asked(monkeypatch
         assert stats["region_compiles_at_first_sight"] == 0 and stats["region_compiles"] == len(shapes)
 
 
-def test_first_sights_of_a_loop_of_another_length_run_op_by_op_where_asked(monkeypatch, tmp_path):
+def test_first_sights_of_a_loop_of_another_length_run_op_by_op_where_asked(monkeypatch, tmp_path, mode):
     """With TORCH_PJRT_FUSED_COLD_FRACTION set, a loop whose length changes between syncs (an RNN
     over each sequence length) still runs its first sights op by op: its calls repeat a few
     signatures, whose executables serve every length, where a region would compile per length."""
     import torch_pjrt
     from torch_pjrt.runtime import executable_store, fused
 
+    mode("fused")
     monkeypatch.setattr(fused, "COLD_FRACTION", 0.25)
     monkeypatch.setitem(executable_store._state, "folder", tmp_path)
     x, w = torch.full((2, 13), 0.01), torch.eye(13) * 0.9  # (2, 13): a shape no other test uses
