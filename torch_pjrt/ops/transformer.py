@@ -136,7 +136,7 @@ def _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_wei
                                  proj_bias, mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
     _check_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias)
     B, T, D = query.shape
-    if B * T == 0:  # CPU returns before its dtype dispatch, and no weights
+    if B * T * D == 0:  # CPU returns before its dtype dispatch (its projection is empty), and no weights
         return jnp.zeros_like(query), None
     _require_float(query, "transform_bias_rescale_qkv")
     dt, head = query.dtype, D // num_head
