@@ -350,6 +350,15 @@ def test_ops_on_compressed_sparse_tensors_raise_the_sparse_error():
             op(csr)
 
 
+@pytest.fixture
+def first_sights_op_by_op(monkeypatch):
+    """Regions seen once run op by op (what the out-of-memory tests follow), whatever
+    TORCH_PJRT_FUSED_COLD_FRACTION says."""
+    from torch_pjrt.runtime import fused
+
+    monkeypatch.setattr(fused, "COLD_FRACTION", 0.0)
+
+
 @pytest.fixture(scope="module")
 def needs_a_terabyte():
     """A custom op whose result is small but whose XLA temporaries are 1 TiB (the allocator, which
@@ -365,7 +374,7 @@ def needs_a_terabyte():
 
 
 @pytest.mark.parametrize("mode", ["fused", "op"])
-def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode):
+def test_xla_out_of_memory_is_torchs_out_of_memory_error(needs_a_terabyte, mode, first_sights_op_by_op):
     """XLA's RESOURCE_EXHAUSTED reaches the user as torch.OutOfMemoryError (CUDA's type), at the
     host read, synchronize or item, with XLA's message; the process keeps working."""
     import torch_pjrt
@@ -392,7 +401,8 @@ _HANDED_OFF = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("runs", [1, pytest.param(3, marks=_HANDED_OFF)], ids=["first-sight", "compiled-region"])
-def test_values_computed_before_the_call_that_runs_out_of_memory_are_kept(needs_a_terabyte, runs):
+def test_values_computed_before_the_call_that_runs_out_of_memory_are_kept(needs_a_terabyte, runs,
+                                                                          first_sights_op_by_op):
     """As on CUDA, where the calls before the failing one ran: a fused region that runs out of memory
     keeps the values its earlier calls computed (op by op at its first sight, compiled once it repeats
     where the run fails at the call)."""

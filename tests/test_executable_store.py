@@ -56,8 +56,10 @@ def _run(env: dict) -> dict:
 
 def _env(tmp_path, **settings) -> dict:
     # JAX_COMPILATION_CACHE_DIR (respected as the user's own) keeps the C++ runtime's build cache
+    # (first sights op by op, as the region counts below expect: TORCH_PJRT_FUSED_COLD_FRACTION off)
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla"), TORCH_PJRT_PLATFORM="cpu",
                TORCH_PJRT_EAGER="fused", TORCH_PJRT_EXECUTABLE_STORE=str(tmp_path / "store"),
+               TORCH_PJRT_FUSED_COLD_FRACTION="0",
                PYTHONPATH=os.path.dirname(os.path.dirname(torch_pjrt.__file__)))
     return {**env, **settings}
 

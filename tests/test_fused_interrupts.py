@@ -34,7 +34,10 @@ def _alarm(signum, frame):
 
 
 @pytest.fixture
-def fused_mode():
+def fused_mode(monkeypatch):
+    """Fused mode, with first sights run op by op (the path these tests interrupt), whatever
+    TORCH_PJRT_FUSED_COLD_FRACTION says."""
+    monkeypatch.setattr(fused, "COLD_FRACTION", 0.0)
     before = torch_pjrt.eager_mode()
     torch_pjrt.set_eager_mode("fused")
     yield
