@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from tests.ops.harness import assert_raises_like_cpu
+from tests.ops.harness import assert_raises_like_cpu, in_eager_mode
 
 
 def _same_as_cpu(call, layout: bool = False) -> None:
@@ -1324,15 +1324,9 @@ FILL_VALUE_ERRORS = {
 @pytest.mark.parametrize("mode", ["fused", "op"])
 @pytest.mark.parametrize("name", FILL_VALUE_ERRORS)
 def test_a_fill_value_the_dtype_cannot_hold_raises(name, mode):
-    import torch_pjrt
-
-    before = torch_pjrt.eager_mode()
-    torch_pjrt.set_eager_mode(mode)
-    try:
+    with in_eager_mode(mode):
         for _ in range(2):  # the C++ fast path serves the second call
             assert_raises_like_cpu(FILL_VALUE_ERRORS[name], name)
-    finally:
-        torch_pjrt.set_eager_mode(before)
 
 
 @pytest.mark.parametrize("call", [
@@ -1727,12 +1721,6 @@ UNCASTABLE_IN_PLACE = {
 @pytest.mark.parametrize("mode", ["fused", "op"])
 @pytest.mark.parametrize("name", UNCASTABLE_IN_PLACE)
 def test_an_in_place_result_cpu_will_not_cast_into_self_raises_cpus_words(name, mode):
-    import torch_pjrt
-
-    before = torch_pjrt.eager_mode()
-    torch_pjrt.set_eager_mode(mode)
-    try:
+    with in_eager_mode(mode):
         for _ in range(3):  # the C++ fast path serves the later calls
             assert_raises_like_cpu(UNCASTABLE_IN_PLACE[name], name)
-    finally:
-        torch_pjrt.set_eager_mode(before)

@@ -115,6 +115,19 @@ def assert_raises_like_cpu(call, name: str = "") -> None:
 
 
 @contextlib.contextmanager
+def in_eager_mode(mode: str):
+    """The body in eager `mode` ("fused" or "op"), the mode before restored after."""
+    import torch_pjrt
+
+    before = torch_pjrt.eager_mode()
+    torch_pjrt.set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        torch_pjrt.set_eager_mode(before)
+
+
+@contextlib.contextmanager
 def no_fallback():
     """Fails if anything inside ran an aten op on the CPU fallback."""
     import torch_pjrt

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .nn import _dot_general, _softmax_fn, _up, native_layer_norm
+from .nn import _along, _dot_general, _softmax_fn, _up, native_layer_norm
 from .registry import family
+from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: attention mixes every position of a sequence")
 
@@ -28,7 +29,7 @@ def _require_float(x, name: str) -> None:
 # ------------------------------------------------------------------------- masked softmax
 
 
-def _softmax_mask(input, mask, dim: int, mask_type):
+def _softmax_mask(input, mask, mask_type):
     """`mask` (True: left out) broadcast to `input` as CPU's _masked_softmax reads it: mask_type 0 an
     (L, L) attention mask, 1 a (B, L) key padding mask, 2 a mask of the input's shape; a mask that
     is not 2-D, or an input that is not 4-D, is read as type 2."""
@@ -53,29 +54,22 @@ def _softmax_mask(input, mask, dim: int, mask_type):
     raise RuntimeError("Mask Type should be 0 (src_mask) or 1 (src_key_padding_mask), or 2 (default_mask)")
 
 
-def _wrap(dim, ndim: int) -> int:
-    if dim is None:
-        return max(ndim - 1, 0)
-    if not -max(ndim, 1) <= dim < max(ndim, 1):
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}], "
-                         f"but got {dim})")
-    return dim % max(ndim, 1)
+def _softmax_dim(dim, ndim: int) -> int:
+    """The masked softmax's dim: the last where none is given."""
+    return max(ndim - 1, 0) if dim is None else wrap_dim(dim, ndim)
 
 
 def _masked_softmax_of(input, mask, dim: int):
     """softmax of `input` over `dim` leaving out the True positions of `mask` (its shape): a row
     with every position left out is NaN, as on CPU."""
-    x = jnp.where(mask, -jnp.inf, _up(input))
-    return _softmax_fn(x, dim).astype(input.dtype)
+    return _along(_softmax_fn, jnp.where(mask, -jnp.inf, _up(input)), dim).astype(input.dtype)
 
 
 @lowering(aten._masked_softmax.default)
 def _masked_softmax(self, mask, dim=None, mask_type=None):
     _require_float(self, "masked_softmax")
-    mask = _softmax_mask(self, mask, _wrap(dim, self.ndim), mask_type)
-    if self.ndim == 0:
-        return _masked_softmax_of(self.reshape(1), mask.reshape(1), 0).reshape(())
-    return _masked_softmax_of(self, mask, _wrap(dim, self.ndim))
+    dim = _softmax_dim(dim, self.ndim)
+    return _masked_softmax_of(self, _softmax_mask(self, mask, mask_type), dim)
 
 
 @lowering(aten._masked_softmax_backward.default)
@@ -85,7 +79,7 @@ def _masked_softmax_backward(grad_output, output, mask, dim=None):
         raise RuntimeError("Mask shape should match grad shape")
     if mask.dtype != np.bool_:
         raise RuntimeError("Mask should be a boolean tensor")
-    axis = _wrap(dim, output.ndim) if output.ndim else 0
+    axis = _softmax_dim(dim, output.ndim)
     g, y = _up(grad_output).reshape(output.shape or (1,)), _up(output).reshape(output.shape or (1,))
     kept = ~mask.reshape(output.shape or (1,))
     gy = jnp.where(kept, g * y, 0)
@@ -152,7 +146,7 @@ def _native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_wei
         weights = _softmax_fn(_up(scores), 3).astype(dt)
     else:
         mask = mask if mask.dtype == np.bool_ else mask != 0  # CPU reads any mask as bool
-        weights = _masked_softmax_of(scores, _softmax_mask(scores, mask, 3, mask_type), 3)
+        weights = _masked_softmax_of(scores, _softmax_mask(scores, mask, mask_type), 3)
     context = _dot_general(weights, v, ((3,), (2,)), ((0, 1), (0, 1))).astype(dt)  # [B, heads, T, head]
     out = _linear(context.transpose(0, 2, 1, 3).reshape(B, T, D), proj_weight, proj_bias)
     if not need_weights:
