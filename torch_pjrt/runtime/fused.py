@@ -71,6 +71,7 @@ MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # comp
 COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0.25")
 
 _ARRAY = type(jax.numpy.zeros(()))
+_compiled_at_first_sight: set = set()  # call signatures compiled inside a region at its first sight
 _lock = threading.RLock()
 
 
@@ -581,7 +582,8 @@ def flush_all(reason: str = "synchronize") -> None:
 def _forget_traces() -> None:
     """Calls' output shapes and regions' executables, traced under another default dtype."""
     with _lock:
-        for table in (_shapes, _executables, _one_op_runs, _seen, _variants, _call_by_call, _compiled_last):
+        for table in (_shapes, _executables, _one_op_runs, _seen, _variants, _call_by_call, _compiled_last,
+                      _compiled_at_first_sight):
             table.clear()
 
 
@@ -805,10 +807,11 @@ def _compiling_is_cheaper(region: Region) -> bool:
     one program for the region compiles in time that grows with its calls. So: true where the
     distinct new signatures are at least COLD_FRACTION of the calls, and two. A new shape of a
     model's step or of a test's sweep is all new signatures; a loop whose length changes between
-    syncs repeats a few (an LSTM cell's), which op by op builds once for every length."""
+    syncs repeats a few (an LSTM cell's), which op by op builds once for every length. A signature
+    compiled inside an earlier first sight counts as built: it came back in another structure (a
+    sweep of one op's out= dtypes), where its own executable serves every structure that has it."""
     if COLD_FRACTION <= 0 or not _storable(region):  # (without the store op by op runs JAX's own jit,
         return False                                 # whose cache is not asked here)
-    enough = max(2, int(len(region.calls) * COLD_FRACTION))
     cold: set = set()
     inputs, outputs = region.inputs, region.outputs
     for rec, statics, treedef, refs, _ in region.calls:
@@ -816,13 +819,16 @@ def _compiling_is_cheaper(region: Region) -> bool:
             continue
         leaves = [outputs[r] if r >= 0 else inputs[-1 - r] for r in refs]
         memo_key = _memo_key(rec, statics, treedef, leaves)
-        if memo_key[3] is None or memo_key in cold:
+        if memo_key[3] is None or memo_key in cold or memo_key in _compiled_at_first_sight:
             continue
         if executable_store.find(memo_key, rec, memo_key[1], treedef, memo_key[3]) is None:
             cold.add(memo_key)
-            if len(cold) >= enough:
-                return True
-    return False
+    if len(cold) < max(2, int(len(region.calls) * COLD_FRACTION)):
+        return False
+    if len(_compiled_at_first_sight) > 100_000:  # a long sweep's; forgetting costs a compile, no error
+        _compiled_at_first_sight.clear()
+    _compiled_at_first_sight.update(cold)
+    return True
 
 
 def _region_function(calls: list, live: tuple, donate: tuple):
