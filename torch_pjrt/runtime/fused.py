@@ -69,9 +69,10 @@ MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # comp
 # two): then its program compiles at once (_compiling_is_cheaper). 0 turns that off (docs/eager.md,
 # "First sights of new shapes").
 COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0.25")
+RECURRING = 2  # first sights compiled with a call signature, after which it counts as built
 
 _ARRAY = type(jax.numpy.zeros(()))
-_compiled_at_first_sight: set = set()  # call signatures compiled inside a region at its first sight
+_compiled_at_first_sight: collections.Counter = collections.Counter()  # call signature -> first sights compiled with it
 _lock = threading.RLock()
 
 
@@ -808,8 +809,9 @@ def _compiling_is_cheaper(region: Region) -> bool:
     distinct new signatures are at least COLD_FRACTION of the calls, and two. A new shape of a
     model's step or of a test's sweep is all new signatures; a loop whose length changes between
     syncs repeats a few (an LSTM cell's), which op by op builds once for every length. A signature
-    compiled inside an earlier first sight counts as built: it came back in another structure (a
-    sweep of one op's out= dtypes), where its own executable serves every structure that has it."""
+    compiled inside RECURRING earlier first sights counts as built: it keeps coming back in new
+    structures (a sweep of one op's out= dtypes), where its own executable would serve them all
+    (a model's first steps differ from the next ones once or twice: those still compile whole)."""
     if COLD_FRACTION <= 0 or not _storable(region):  # (without the store op by op runs JAX's own jit,
         return False                                 # whose cache is not asked here)
     cold: set = set()
@@ -819,7 +821,7 @@ def _compiling_is_cheaper(region: Region) -> bool:
             continue
         leaves = [outputs[r] if r >= 0 else inputs[-1 - r] for r in refs]
         memo_key = _memo_key(rec, statics, treedef, leaves)
-        if memo_key[3] is None or memo_key in cold or memo_key in _compiled_at_first_sight:
+        if memo_key[3] is None or memo_key in cold or _compiled_at_first_sight[memo_key] >= RECURRING:
             continue
         if executable_store.find(memo_key, rec, memo_key[1], treedef, memo_key[3]) is None:
             cold.add(memo_key)
