@@ -66,9 +66,9 @@ MAX_CALLS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_OPS", "2048"))  # a region 
 MAX_VARIANTS = int(os.environ.get("TORCH_PJRT_FUSED_MAX_VARIANTS", "8"))  # compiles of one call sequence
 # A region seen for the first time (or past MAX_VARIANTS) runs op by op, each call on its own
 # executable, unless its distinct call signatures without one are this fraction of its calls (and
-# two): then its program compiles at once (_compiling_is_cheaper). 0 turns that off (docs/eager.md,
-# "First sights of new shapes").
-COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0.25")
+# two): then its program compiles at once (_compiling_is_cheaper). 0, the default, turns that off
+# (docs/eager.md, "First sights of new shapes": why it is not the default yet).
+COLD_FRACTION = float(os.environ.get("TORCH_PJRT_FUSED_COLD_FRACTION") or "0")
 RECURRING = 2  # first sights compiled with a call signature, after which it counts as built
 
 _ARRAY = type(jax.numpy.zeros(()))
