@@ -143,3 +143,15 @@ def test_a_convention_may_name_its_tests_and_unknown_device_skips_are_restricted
     # the same message from another test is a failure
     assert pytorch_tests._by_convention({**uint8, "test": uint8["test"].replace("bilinear_uint8", "nearest_int8")}) is None
     assert pytorch_tests._device_restricted({"outcome": "skipped", "message": "('x.py', 1, 'Skipped: Unknown device type')"})
+
+
+def test_checks_made_on_the_device_follow_cudas_convention_only_in_the_tests_that_exempt_cuda():
+    scatter = {"test": "test_torch.py::TestTorchDeviceTypePRIVATEUSE1::test_masked_scatter_pjrt_float32",
+               "outcome": "failed", "message": "AssertionError: RuntimeError not raised"}
+    assert pytorch_tests._by_convention(scatter)
+    assert pytorch_tests._by_convention({**scatter, "test": "test_indexing.py::TestIndexingPRIVATEUSE1::"
+                                         "test_trivial_fancy_out_of_bounds_pjrt",
+                                         "message": "AssertionError: IndexError not raised"})
+    # a test that does not exempt CUDA, or another failure of the same test, still fails
+    assert pytorch_tests._by_convention({**scatter, "test": scatter["test"].replace("scatter_pjrt", "scatter_bool_tensor_pjrt")}) is None
+    assert pytorch_tests._by_convention({**scatter, "message": "AssertionError: Tensor-likes are not equal!"}) is None
