@@ -306,11 +306,12 @@ CONVENTIONS = (
     (r"(Runtime|Index)Error not raised",
      "the test expects a bounds or count check to raise at the call, and exempts CUDA, whose kernels check "
      "on the device and fail later (each test says so: 'no out-of-bounds check on CUDA for perf', 'CUDA "
-     "asserts instead of raising', 'cuda throws device assert'); pjrt checks on the device the same way and "
+     "asserts instead of raising', 'cuda throws device assert', 'can't test cuda because it is a device "
+     "assert'); pjrt checks on the device the same way and "
      "raises CPU's error at the next sync (TORCH_PJRT_SYNC_INDEX_CHECKS=1 raises at the call, and these "
      "tests pass)",
      r"::(test_embedding_bag_out_of_bounds_idx_|test_masked_scatter_pjrt_|test_one_hot_pjrt$|"
-     r"test_trivial_fancy_out_of_bounds_pjrt$)"),
+     r"test_trivial_fancy_out_of_bounds_pjrt$|test_advancedindex_pjrt_)"),
 )
 
 
