@@ -1724,3 +1724,21 @@ def test_an_in_place_result_cpu_will_not_cast_into_self_raises_cpus_words(name, 
     with in_eager_mode(mode):
         for _ in range(3):  # the C++ fast path serves the later calls
             assert_raises_like_cpu(UNCASTABLE_IN_PLACE[name], name)
+
+
+# --------------------------------------------------------------------------- index_reduce mean in half precision
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_index_reduce_mean_of_half_floats_adds_in_the_dtype_as_cpu(dtype, include_self):
+    """CPU's index_reduce adds each source row in the tensor's dtype, rounding at every step (its
+    scatter_reduce sums in float32 and rounds once); pjrt summed as scatter_reduce does, a few ulps
+    off CPU wherever three or more rows meet (test_torch's test_index_reduce mean float16/bfloat16)."""
+    generator = torch.Generator().manual_seed(0)
+    dest = torch.randn(3, 4, 5, generator=generator).mul(5).to(dtype)
+    source = torch.randn(3, 9, 5, generator=generator).mul(5).to(dtype)
+    index = torch.tensor([0, 1, 1, 1, 3, 1, 0, 1, 1])
+    _same_as_cpu(lambda d: dest.to(d, copy=True).index_reduce_(1, index.to(d), source.to(d), "mean",
+                                                               include_self=include_self))
+    # scatter_reduce keeps CPU's float32 sums
+    expanded = index.view(1, -1, 1).expand(3, 9, 5)
+    _same_as_cpu(lambda d: dest.to(d).scatter_reduce(1, expanded.to(d), source.to(d), "mean", include_self=include_self))

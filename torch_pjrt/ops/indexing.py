@@ -398,6 +398,12 @@ def _identity(op, dtype):
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return _scatter_reduce(self, dim, index, src, reduce, include_self, float_accumulation=True)
+
+
+def _scatter_reduce(self, dim, index, src, reduce, include_self, float_accumulation):
+    """float_accumulation: float16/bfloat16 sums (and means) in float32, rounded once, as CPU's
+    scatter_reduce; else in the dtype, update by update, as CPU's index_reduce."""
     dim = wrap_dim(dim, self.ndim)
     if index.size == 0:
         return self
@@ -409,7 +415,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     hit = jnp.zeros(flat.shape, jnp.bool_).at[targets].set(True, mode="drop")
     base = flat if include_self else jnp.where(hit, jnp.asarray(_identity(reduce, self.dtype), self.dtype), flat)
     if reduce in ("sum", "mean"):
-        out = put_flat(base, targets, updates, accumulate=True, float_accumulation=True)
+        out = put_flat(base, targets, updates, accumulate=True, float_accumulation=float_accumulation)
     elif reduce == "prod":
         out = base.at[targets].multiply(updates, mode="drop")
     else:
@@ -488,7 +494,8 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     source = _as_1d(source)
     index = index.reshape(-1).reshape((1,) * dim + (-1,) + (1,) * (source.ndim - dim - 1))
     index = jnp.broadcast_to(wrap_index(index, self.shape[dim] if self.ndim else 1), source.shape)
-    return scatter_reduce(_as_1d(self), dim, index, source, reduce, include_self=include_self).reshape(self.shape)
+    return _scatter_reduce(_as_1d(self), dim, index, source, reduce, include_self,
+                           float_accumulation=False).reshape(self.shape)
 
 
 @lowering(aten.index_copy.default, index_probes=probes.along_dim(IndexError, "index_copy_(): " + probes.OUT_OF_BOUNDS))
