@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.budget import measured_warm
+from tests.ops.harness import in_eager_mode
 
 _built: list = []  # every XLA executable JAX compiles or loads from the persistent cache, eager's or not
 
@@ -257,3 +258,35 @@ def test_a_traced_argument_out_of_range_raises_as_on_cpu(name):
         fn(_T.to("pjrt"))
         torch.pjrt.synchronize()
     assert str(pjrt.value) == str(cpu.value)
+
+
+def test_fresh_memory_of_sizes_seen_a_few_times_compiles_nothing_of_its_own():
+    """torch.empty(shape) then a fill (make_tensor's way, randn's; a test's random shapes): the
+    fresh memory's first runs of a size are filled on the host and copied (storage._filled_on_host),
+    so a size seen a few times builds the fill's executable only, not one for its memory too; in
+    fused and op-by-op mode, with CPU's deterministic fill."""
+    from torch.testing._internal.common_utils import DeterministicGuard
+
+    fresh: list = []
+    names: list = []
+
+    def on_compile(name, secs, **kw):
+        if "backend_compile" in name:
+            names.append(kw.get("fun_name"))
+            if kw.get("fun_name") == "jit(fresh_memory)":
+                fresh.append(kw)
+
+    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    sizes = (1009, 1013, 1019, 1021)  # new to this process
+    for _ in range(2):
+        for n in sizes:
+            t = torch.empty(n, device="pjrt").uniform_(2, 3)
+            assert 2 <= t.min().item() and t.max().item() < 3
+    with in_eager_mode("op"):
+        for n in sizes:
+            assert torch.equal(torch.empty(n, device="pjrt").add_(1).cpu(), torch.ones(n))
+    with DeterministicGuard(True):  # CPU fills fresh memory with NaN in deterministic mode
+        assert torch.empty(1031, device="pjrt").isnan().all().item()
+    if not any(names):
+        pytest.skip("this JAX names no function in its compile events (fun_name)")
+    assert fresh == [], f"fresh memory compiled {len(fresh)} times"

@@ -123,19 +123,26 @@ class Recordable:
     for every call of one signature: eager.kernels.SignatureTraits); `key`: a name that says
     which function this is in every process (an op table entry's), so that its executables may be
     kept on disk (runtime/executable_store.py; None: never), and `loaded(args)`: called when one
-    is read from there instead of traced."""
+    is read from there instead of traced. `alone(*args)`: the call's outputs without its
+    executable, for a call that runs on its own (op by op, or in a first sight's region), or None
+    where the executable should run: fresh memory's first fill of a size costs a host fill and a
+    copy, where its executable would be compiled for that size alone (storage._fresh)."""
 
-    __slots__ = ("fn", "static", "name", "jit", "device", "describe", "key", "loaded", "__weakref__")
+    __slots__ = ("fn", "static", "name", "jit", "device", "describe", "key", "loaded", "alone", "__weakref__")
 
     def __init__(self, fn, static: tuple = (), name: str | None = None, jit: bool = True, device: int | None = None,
-                 describe=None, key: str | None = None, loaded=None):
+                 describe=None, key: str | None = None, loaded=None, alone=None):
         self.fn, self.static, self.jit, self.device, self.describe = fn, tuple(static), jit, device, describe
         self.name = name or getattr(fn, "__name__", repr(fn))
-        self.key, self.loaded = key, loaded
+        self.key, self.loaded, self.alone = key, loaded, alone
 
     def __call__(self, *args):
         if active():
             return record(self, args)
+        if self.alone is not None:
+            outputs = self.alone(*args)
+            if outputs is not None:
+                return outputs
         try:
             return self.fn(*args)
         except TypeError:  # a Pending left by fused mode (switched off since): its array
@@ -722,7 +729,7 @@ def _one_op_run(region: Region, live: tuple):
     else:
         def run(*inputs):
             env = []
-            _apply(rec, statics, treedef, [inputs[i] for i in operands], env, stored)
+            _apply(rec, statics, treedef, [inputs[i] for i in operands], env, stored, alone=True)
             return [env[i] for i in live]
     return run
 
@@ -843,11 +850,16 @@ def _region_function(calls: list, live: tuple, donate: tuple):
     return jax.jit(region, donate_argnums=donate)
 
 
-def _apply(rec, statics, treedef, leaves, env, stored: bool = False) -> None:
+def _apply(rec, statics, treedef, leaves, env, stored: bool = False, alone: bool = False) -> None:
     """Call `rec` on the recorded operands (`leaves`) and its static arguments; its outputs go to env.
-    stored: run it on its own (not traced into a region), its executable from the executable store
-    where it may come from there."""
+    alone: it runs on its own (not traced into a region), by `rec.alone` where that serves it;
+    stored: on its own, its executable from the executable store where it may come from there."""
     dynamic = jax.tree_util.tree_unflatten(treedef, leaves)
+    if alone and rec.alone is not None:
+        outputs = rec.alone(*_merge(rec, statics, dynamic))
+        if outputs is not None:
+            env.extend(jax.tree_util.tree_leaves(outputs))
+            return
     if stored and rec.key is not None:
         memo_key = _memo_key(rec, statics, treedef, leaves)
         run = executable_store.run_of(memo_key)
@@ -898,7 +910,7 @@ def _run_call_by_call(region: Region, live: tuple) -> None:
         for rec, statics, treedef, refs, _ in region.calls:
             leaves = [env[r] if r >= 0 else region.inputs[-1 - r] for r in refs]
             try:
-                _apply(rec, statics, treedef, leaves, env, stored)
+                _apply(rec, statics, treedef, leaves, env, stored, alone=True)
             except Exception as e:  # noqa: BLE001
                 if interruption(e):  # (the region goes back to its thread and runs whole: _after_interruption)
                     raise

@@ -482,10 +482,40 @@ _resolve_padded = Recordable(jax.jit(lambda padded: padded.resolve()), name="res
 @keyed
 def _fresh(n: int, dtype, fill, device: int):
     """jit(() -> fresh memory of n elements on pjrt:device): torch.empty(...).fill_(v) reads
-    its target, and an op-by-op jnp.full costs ten times a cached executable."""
+    its target, and an op-by-op jnp.full costs ten times a cached executable. Its first run on
+    its own fills on the host and copies (`_filled_on_host`)."""
     sharding = jax.sharding.SingleDeviceSharding(platform.device(device))
-    return Recordable(jax.jit(lambda: jnp.full((n,), fill, dtype), out_shardings=sharding), name="fresh memory",
-                      device=device)
+
+    def fresh_memory():
+        return jnp.full((n,), fill, dtype)
+
+    return Recordable(jax.jit(fresh_memory, out_shardings=sharding), name="fresh memory", device=device,
+                      alone=_filled_on_host(n, dtype, fill, device))
+
+
+HOST_FILLS = 64  # fresh memories of one size filled on the host before its executable is built
+HOST_FILL_BYTES = 16 << 20  # and at most this many bytes filled on the host for one size
+
+
+def _filled_on_host(n: int, dtype, fill, device: int):
+    """Fresh memory run on its own, filled on the host and copied (about 40 us here for a small
+    one) rather than by an executable compiled for this one size (about 30 ms, then 4 us a run):
+    the first HOST_FILLS runs of a size (fewer for big ones, HOST_FILL_BYTES in all), so a size
+    seen a few times (a test's random shapes, make_tensor's empty-then-fill) compiles nothing and
+    one that keeps coming back builds its executable (in a compiled region it is part of the
+    region's program and this never runs)."""
+    runs = min(HOST_FILLS, HOST_FILL_BYTES // max(n * np.dtype(dtype).itemsize, 1))
+    if runs == 0:
+        return None
+    left = [runs]
+
+    def alone():
+        if left[0] <= 0:
+            return None
+        left[0] -= 1
+        return jax.device_put(np.full((n,), fill, dtype), platform.device(device))
+
+    return alone
 
 
 @functools.lru_cache(256)
