@@ -290,3 +290,17 @@ def test_fresh_memory_of_sizes_seen_a_few_times_compiles_nothing_of_its_own():
     if not any(names):
         pytest.skip("this JAX names no function in its compile events (fun_name)")
     assert fresh == [], f"fresh memory compiled {len(fresh)} times"
+
+
+def test_randint_over_new_bounds_builds_no_executable():
+    """random_'s from and to are traced (make_tensor's integers draw with low and high a test's
+    sizes): a shape's executable serves every bound, with CPU's range checks on the host."""
+    drawn = []
+
+    def draw(bounds):
+        for low, high in bounds:
+            drawn.append((low, high, torch.randint(low, high, (777,), device="pjrt").cpu()))
+
+    assert _executables_built(lambda: draw([(0, 3)]), lambda: draw([(0, h) for h in range(4, 20)] + [(-7, 2)])) == 0
+    for low, high, values in drawn:
+        assert low <= values.min() and values.max() < high and len(values.unique()) == high - low

@@ -184,14 +184,23 @@ def geometric_(self, p, *, generator=None):
 
 
 def _random_ints(seed, shape, low, high, dtype):
-    """Integers uniform in [low, high) (float dtypes hold integers, as torch's random_ does)."""
+    """Integers uniform in [low, high) (float dtypes hold integers, as torch's random_ does).
+    low and high are Python ints or traced scalars (random_'s from and to: int64, uint64 past
+    2^63); the span reaches 2^64 (random_(-2**63) of int64) and high 2^63, past int64, so all of it
+    is taken modulo 2^64 (a span of 0 there is 2^64) and read back as int64."""
     _refuse_complex(types.SimpleNamespace(dtype=dtype), "random_")
     bits = jax.random.bits(key(seed), shape, jnp.uint64)
-    # low and high are static Python ints; the span reaches 2^64 (random_(-2**63) of int64) and
-    # high 2^63, past int64, so the sum is taken modulo 2^64 and read back as int64
-    span = high - low
-    offset = bits if span == 2**64 else bits % np.uint64(span)
-    return jax.lax.bitcast_convert_type(offset + np.uint64(low % 2**64), jnp.int64).astype(dtype)
+    low = _modulo_2_64(low)
+    span = _modulo_2_64(high) - low
+    offset = jnp.where(span == 0, bits, bits % jnp.maximum(span, np.uint64(1)))
+    return jax.lax.bitcast_convert_type(offset + low, jnp.int64).astype(dtype)
+
+
+def _modulo_2_64(value):
+    """An integer modulo 2^64 as uint64 (a traced int64 wraps as two's complement)."""
+    if isinstance(value, int):
+        return np.uint64(value % 2**64)
+    return jnp.asarray(value).astype(jnp.uint64)
 
 
 def _max_of(dtype) -> int:
@@ -203,8 +212,8 @@ def _max_of(dtype) -> int:
 
 
 def _random_bounds_as_cpu(values) -> bool:
-    """random_'s from/to checks, per call (its executable is cached by from and to, so a check
-    in the lowering would run once): CPU's kernel on an empty tensor of self's dtype raises its
+    """random_'s from/to checks, per call (from and to are traced, so the lowering never sees their
+    values): CPU's kernel on an empty tensor of self's dtype raises its
     errors ("from is out of bounds for ...", "random_ expects 'from' to be less than 'to'") and
     gives its warnings (a float dtype's exact-integer range) before it looks at the data."""
     self, *bounds = values[:-1]  # the last is the generator
@@ -212,12 +221,12 @@ def _random_bounds_as_cpu(values) -> bool:
     return True
 
 
-@lowering(getattr(aten.random_, "from"), in_range=_random_bounds_as_cpu)
+@lowering(getattr(aten.random_, "from"), traced=("from", "to"), in_range=_random_bounds_as_cpu)
 def random_from_(self, from_, to, *, generator=None):
     return _random_ints(generator, self.shape, from_, _max_of(self.dtype) if to is None else to, self.dtype)
 
 
-@lowering(aten.random_.to, in_range=_random_bounds_as_cpu)
+@lowering(aten.random_.to, traced=("to",), in_range=_random_bounds_as_cpu)
 def random_to_(self, to, *, generator=None):
     return _random_ints(generator, self.shape, 0, to, self.dtype)
 
