@@ -155,3 +155,8 @@ def test_checks_made_on_the_device_follow_cudas_convention_only_in_the_tests_tha
     # a test that does not exempt CUDA, or another failure of the same test, still fails
     assert pytorch_tests._by_convention({**scatter, "test": scatter["test"].replace("scatter_pjrt", "scatter_bool_tensor_pjrt")}) is None
     assert pytorch_tests._by_convention({**scatter, "message": "AssertionError: Tensor-likes are not equal!"}) is None
+    assert pytorch_tests._by_convention({
+        "test": "test_sort_and_select.py::TestSortAndSelectPRIVATEUSE1::test_stable_sort_against_numpy_pjrt_int16",
+        "outcome": "failed", "message": "RuntimeError: Expected all tensors to be on the same device, but found at "
+                                        "least two devices, pjrt:0 and cpu! (when checking argument 'index' in "
+                                        "aten::index_fill.int_Scalar)"})
