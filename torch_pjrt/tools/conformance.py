@@ -1151,6 +1151,10 @@ def render(records, meta) -> str:
       "timeout + crash); skipped cases are listed with their reasons below and count in no rate. "
       "See docs/conformance-notes.md for what each check does.")
     w("")
+    w("PyTorch's own device-generic test files (test_torch, test_indexing, nn/test_embedding...) run on pjrt "
+      "with `python -m torch_pjrt.tools.pytorch_tests`: the pass rate of each file and what is left are in "
+      "docs/conformance-notes.md (\"Where each file stands\").")
+    w("")
 
     # acceptance
     fwd_p, fwd_n = rate(by_check["forward"])
