@@ -629,3 +629,18 @@ def test_reduced_float_times_full_precision_scalar(op, kwargs, dtype):
     for other in (torch.tensor(0.1), torch.tensor(0.6931471805599453, dtype=torch.float64)):
         check(op, x, other, atol=0, rtol=0, **kwargs)
     check(aten.add.Tensor, x, torch.tensor(0.1), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("exponent", [2, 3.0, 0.5, -1, 1.7])
+def test_pow_by_a_number_picks_cpus_formula_while_tracing(exponent):
+    """pow(x, number) is compiled per exponent: torch's kernel picks a formula by its value (2: v * v,
+    0.5: sqrt...), and a traced exponent made that pick a conditional in the program, which XLA
+    fuses nothing across and XLA:GPU decides on the host (RMSNorm's pow(2), GELU's pow(3.0))."""
+    import jax.numpy as jnp
+    from torch_pjrt.ops.call import OpCall
+
+    call = OpCall.of(LOWERINGS[torch.ops.aten.pow.Tensor_Scalar])
+    program = call.executable().lower(*call.prepare(call.bind((jnp.ones(8, jnp.float32), exponent), {}))).as_text()
+    assert "stablehlo.case" not in program and "stablehlo.if" not in program
+    x = torch.rand(64) + 0.25
+    torch.testing.assert_close(x.to("pjrt").pow(exponent).cpu(), x.pow(exponent), rtol=1e-6, atol=0)
