@@ -1745,3 +1745,13 @@ def test_index_reduce_mean_of_half_floats_adds_in_the_dtype_as_cpu(dtype, includ
     # scatter_reduce keeps CPU's float32 sums
     expanded = index.view(1, -1, 1).expand(3, 9, 5)
     _same_as_cpu(lambda d: dest.to(d).scatter_reduce(1, expanded.to(d), source.to(d), "mean", include_self=include_self))
+
+
+# --------------------------------------------------------------------------- integer ** negative integer
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int16, torch.uint8, torch.bool])
+@pytest.mark.parametrize("exponent", [-1, -2])
+def test_integer_tensor_to_a_negative_integer_power_raises_as_cpu(dtype, exponent):
+    """CPU refuses ("Integers to negative integer powers are not allowed."); pjrt returned 0, 1 or -1."""
+    assert_raises_like_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow(exponent), "negative power")
+    assert_raises_like_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow_(exponent), "negative power, in place")
+    _same_as_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow(-exponent + 5))

@@ -283,6 +283,22 @@ def _int_pow(base, exp):
     return jnp.where(exp < 0, negative, acc)
 
 
+def _int_pow_by(base, exponent: int):
+    """_int_pow by a number, its square-and-multiply unrolled while tracing (no loop in the program)."""
+    if exponent < 0:
+        one = jnp.ones((), base.dtype)
+        return jnp.where(base == one, one, jnp.where(base == -one, one if exponent % 2 == 0 else -one,
+                                                     jnp.zeros((), base.dtype)))
+    acc = jnp.ones_like(base)
+    while exponent:
+        if exponent & 1:
+            acc = acc * base
+        exponent >>= 1
+        if exponent:
+            base = base * base
+    return acc
+
+
 def _pow(a, b):
     return lax.pow(a, b) if _is_float(a) else _int_pow(a, b)
 
@@ -319,13 +335,17 @@ def _pow_by_scalar(x, e, static_e):
 def pow_Tensor_Scalar(self, exponent):
     common, compute, result = dtypes(self, exponent)
     x, e = _to_compute(self, common, compute), _to_compute(exponent, common, compute)
+    static_e = exponent if isinstance(exponent, (bool, int, float)) else None  # (eager: always)
     if x.dtype == np.bool_:  # bool tensor ** bool Scalar stays bool
         return x | ~e
     if not _is_float(x):
-        return cast(_int_pow(x, e), result)
+        if static_e is None:
+            return cast(_int_pow(x, e), result)
+        if exponent < 0:  # CPU's check (numpy's too); pjrt gave 0, 1 or -1
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+        return cast(_int_pow_by(x, int(exponent)), result)
     if np.dtype(common) == np.float16:  # torch's float16 kernel is plain std::pow
         return cast(lax.pow(x, jnp.broadcast_to(e, x.shape)), result)
-    static_e = exponent if isinstance(exponent, (bool, int, float)) else None
     return cast(_pow_by_scalar(x, e, static_e), result)
 
 
