@@ -7,6 +7,7 @@ import torch
 
 from tests.ops.harness import check
 from tests.ops.test_elementwise import check_or_raise, low_precision_tol, make
+from torch_pjrt.ops.registry import LOWERINGS
 
 aten = torch.ops.aten
 nan, inf = float("nan"), float("inf")
@@ -139,3 +140,15 @@ def test_foreach_is_one_executable():
     xs = [jax.numpy.ones((3,)), jax.numpy.ones((2, 2))]
     jaxpr = jax.make_jaxpr(lambda a, b: fn(a, b, alpha=2))(xs, xs)
     assert len(jaxpr.jaxpr.outvars) == 2 and not any(e.primitive.name == "pjit" for e in jaxpr.eqns)
+
+
+def test_foreach_pow_by_a_number_is_static_as_pow():
+    """_foreach_pow's number exponent is static as pow's (its entry takes the elementwise entry's
+    traits): torch's formula for the value is picked while tracing, no conditional in the program."""
+    entry = LOWERINGS[torch.ops.aten._foreach_pow.Scalar]
+    assert entry.static == LOWERINGS[torch.ops.aten.pow.Tensor_Scalar].static == {"exponent"}
+    xs = [torch.rand(5) + 0.1, torch.rand(2, 3) + 0.1]
+    for exponent in (2, 0.5, 1.7):
+        got = torch._foreach_pow([x.to("pjrt") for x in xs], exponent)
+        for actual, expected in zip(got, torch._foreach_pow(xs, exponent)):
+            torch.testing.assert_close(actual.cpu(), expected, rtol=1e-6, atol=0)

@@ -47,13 +47,13 @@ def unary(op_name, fn):
     return lowering(getattr(aten, f"_foreach_{op_name}").default)(_named(lowering_fn, f"_foreach_{op_name}"))
 
 
-def _scalar_fits(fn, op, position: int) -> tuple:
+def _as_elementwise(fn, op, position: int, trait: str) -> tuple:
     """The foreach `op`'s Scalar at `position`, where the elementwise entry whose lowering is `fn`
-    checks the Scalar at the same position as CPU converts it (its `scalar_fits`): checked alike,
-    against each tensor's dtype (clamp_min's min, pow's exponent; not add's other)."""
-    checked = any(entry.fn is fn and entry.op._schema.arguments[position].name in entry.scalar_fits
-                  for entry in LOWERINGS.values())
-    return (op._schema.arguments[position].name,) if checked else ()
+    names the Scalar at the same position in its `trait`: `scalar_fits`, checked alike against each
+    tensor's dtype (clamp_min's min, pow's exponent; not add's other), or `static` (pow's exponent)."""
+    named = any(entry.fn is fn and entry.op._schema.arguments[position].name in getattr(entry, trait)
+                for entry in LOWERINGS.values())
+    return (op._schema.arguments[position].name,) if named else ()
 
 
 def binary(op_name, fn, scalar_fn=None):
@@ -74,7 +74,8 @@ def binary(op_name, fn, scalar_fn=None):
         def foreach_scalar(self, scalar):
             return [scalar_fn(x, scalar) for x in self]
 
-        out["Scalar"] = lowering(packet.Scalar, scalar_fits=_scalar_fits(scalar_fn, packet.Scalar, 1))(
+        out["Scalar"] = lowering(packet.Scalar, scalar_fits=_as_elementwise(scalar_fn, packet.Scalar, 1, "scalar_fits"),
+                                 static=_as_elementwise(scalar_fn, packet.Scalar, 1, "static"))(
             _named(foreach_scalar, f"_foreach_{op_name}_Scalar"))
     if "ScalarList" in overloads:
         def foreach_scalar_list(self, scalars):
@@ -129,7 +130,8 @@ def _foreach_lerp_List(self, tensors1, weights):
     return [ew.lerp(x, y, w) for x, y, w in zip(self, tensors1, weights)]
 
 
-@lowering(aten._foreach_lerp.Scalar, scalar_fits=_scalar_fits(ew.lerp_Scalar, aten._foreach_lerp.Scalar, 2))
+@lowering(aten._foreach_lerp.Scalar,
+          scalar_fits=_as_elementwise(ew.lerp_Scalar, aten._foreach_lerp.Scalar, 2, "scalar_fits"))
 def _foreach_lerp_Scalar(self, tensors1, weight):
     _same_length("_foreach_lerp", self, tensors1)
     return [ew.lerp_Scalar(x, y, weight) for x, y in zip(self, tensors1)]
@@ -162,7 +164,8 @@ def _pointwise_ternary(op_name, fn):
         _same_length(name, self, tensor1, tensor2)
         return [fn(s, a, b, value=scalars[i]) for i, (s, a, b) in enumerate(zip(self, tensor1, tensor2))]
 
-    lowering(packet.Scalar, scalar_fits=_scalar_fits(fn, packet.Scalar, 3))(_named(foreach_scalar, f"{name}_Scalar"))
+    lowering(packet.Scalar, scalar_fits=_as_elementwise(fn, packet.Scalar, 3, "scalar_fits"))(
+        _named(foreach_scalar, f"{name}_Scalar"))
     lowering(packet.ScalarList)(_named(foreach_scalar_list, f"{name}_ScalarList"))
     lowering(packet.Tensor)(_named(foreach_tensor, f"{name}_Tensor"))
 
