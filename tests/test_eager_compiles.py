@@ -29,8 +29,16 @@ def _note_build(name: str) -> None:
     _built.append(f"{name} on thread {threading.current_thread().name}:\n{stack}")
 
 
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, secs, **kw: _note_build(name) if "backend_compile" in name else None)
+_compiled_functions: list = []  # the function of every XLA compile, as JAX names it (its fun_name), else None
+
+
+def _on_compile(name: str, secs: float, **kw) -> None:
+    if "backend_compile" in name:
+        _compiled_functions.append(kw.get("fun_name"))
+        _note_build(name)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_compile)
 jax.monitoring.register_event_listener(
     lambda name, **kw: _note_build(name) if name.endswith("compilation_cache/cache_hits") else None)
 
@@ -267,16 +275,7 @@ def test_fresh_memory_of_sizes_seen_a_few_times_compiles_nothing_of_its_own():
     fused and op-by-op mode, with CPU's deterministic fill."""
     from torch.testing._internal.common_utils import DeterministicGuard
 
-    fresh: list = []
-    names: list = []
-
-    def on_compile(name, secs, **kw):
-        if "backend_compile" in name:
-            names.append(kw.get("fun_name"))
-            if kw.get("fun_name") == "jit(fresh_memory)":
-                fresh.append(kw)
-
-    jax.monitoring.register_event_duration_secs_listener(on_compile)
+    start = len(_compiled_functions)
     sizes = (1009, 1013, 1019, 1021)  # new to this process
     for _ in range(2):
         for n in sizes:
@@ -287,9 +286,11 @@ def test_fresh_memory_of_sizes_seen_a_few_times_compiles_nothing_of_its_own():
             assert torch.equal(torch.empty(n, device="pjrt").add_(1).cpu(), torch.ones(n))
     with DeterministicGuard(True):  # CPU fills fresh memory with NaN in deterministic mode
         assert torch.empty(1031, device="pjrt").isnan().all().item()
-    if not any(names):
+    compiled = _compiled_functions[start:]
+    if not any(compiled):
         pytest.skip("this JAX names no function in its compile events (fun_name)")
-    assert fresh == [], f"fresh memory compiled {len(fresh)} times"
+    fresh = compiled.count("jit(fresh_memory)")
+    assert fresh == 0, f"fresh memory compiled {fresh} times"
 
 
 def test_randint_over_new_bounds_builds_no_executable():

@@ -284,11 +284,8 @@ def _int_pow(base, exp):
 
 
 def _int_pow_by(base, exponent: int):
-    """_int_pow by a number, its square-and-multiply unrolled while tracing (no loop in the program)."""
-    if exponent < 0:
-        one = jnp.ones((), base.dtype)
-        return jnp.where(base == one, one, jnp.where(base == -one, one if exponent % 2 == 0 else -one,
-                                                     jnp.zeros((), base.dtype)))
+    """_int_pow by a number >= 0 (CPU refuses a negative one), its square-and-multiply unrolled
+    while tracing (no loop in the program)."""
     acc = jnp.ones_like(base)
     while exponent:
         if exponent & 1:
@@ -335,7 +332,8 @@ def _pow_by_scalar(x, e, static_e):
 def pow_Tensor_Scalar(self, exponent):
     common, compute, result = dtypes(self, exponent)
     x, e = _to_compute(self, common, compute), _to_compute(exponent, common, compute)
-    static_e = exponent if isinstance(exponent, (bool, int, float)) else None  # (eager: always)
+    # a number (the entry's static exponent, a graph's constant), else traced (_foreach_pow.ScalarList's)
+    static_e = exponent if isinstance(exponent, (bool, int, float)) else None
     if x.dtype == np.bool_:  # bool tensor ** bool Scalar stays bool
         return x | ~e
     if not _is_float(x):

@@ -504,15 +504,15 @@ def _filled_on_host(n: int, dtype, fill, device: int):
     seen a few times (a test's random shapes, make_tensor's empty-then-fill) compiles nothing and
     one that keeps coming back builds its executable (in a compiled region it is part of the
     region's program and this never runs)."""
-    runs = min(HOST_FILLS, HOST_FILL_BYTES // max(n * np.dtype(dtype).itemsize, 1))
-    if runs == 0:
+    left = min(HOST_FILLS, HOST_FILL_BYTES // max(n * np.dtype(dtype).itemsize, 1))
+    if left == 0:
         return None
-    left = [runs]
 
     def alone():
-        if left[0] <= 0:
+        nonlocal left
+        if left <= 0:
             return None
-        left[0] -= 1
+        left -= 1
         return jax.device_put(np.full((n,), fill, dtype), platform.device(device))
 
     return alone
