@@ -1755,3 +1755,14 @@ def test_integer_tensor_to_a_negative_integer_power_raises_as_cpu(dtype, exponen
     assert_raises_like_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow(exponent), "negative power")
     assert_raises_like_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow_(exponent), "negative power, in place")
     _same_as_cpu(lambda d: torch.arange(-3, 3, device=d).to(dtype).pow(-exponent + 5))
+    # foreach: the Scalar and the Scalar[] overloads (the exponents static as pow's)
+    assert_raises_like_cpu(lambda d: torch._foreach_pow([torch.arange(1, 4, device=d).to(dtype)], exponent),
+                           "_foreach_pow.Scalar")
+    assert_raises_like_cpu(lambda d: torch._foreach_pow([torch.arange(3, device=d).float(),
+                                                         torch.arange(1, 4, device=d).to(dtype)], [2, exponent]),
+                           "_foreach_pow.ScalarList")
+    assert_raises_like_cpu(lambda d: torch._foreach_pow([torch.arange(1, 4, device=d).to(dtype)], [exponent]),
+                           "_foreach_pow.ScalarList of one")
+    _same_as_cpu(lambda d: torch._foreach_pow([torch.arange(-3, 3, device=d).to(dtype), torch.arange(3, device=d).float()],
+                                              [-exponent + 5, exponent])[0])
+    _same_as_cpu(lambda d: torch._foreach_pow([torch.arange(-3, 3, device=d).to(dtype)], [exponent - 0.5])[0])

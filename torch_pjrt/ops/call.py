@@ -108,7 +108,7 @@ class OpCall:
         self.static = tuple(
             i for i, (name, kind) in enumerate(zip(sig.names, sig.kinds))
             if (kind == STATIC and name != "generator" and name not in lowering.traced and name not in rules)
-            or (kind == SCALAR and name in lowering.static))
+            or (kind in (SCALAR, SCALAR_LIST) and name in lowering.static))
         self.scalars = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
                              if (k == SCALAR and i not in self.static) or n in lowering.traced)
         self.split = tuple((i, rules[n]) for i, n in enumerate(sig.names) if n in rules)
@@ -116,7 +116,7 @@ class OpCall:
         # (and the traced values of its split arguments)
         self.traced_static = tuple(i for i, (n, k) in enumerate(zip(sig.names, sig.kinds))
                                    if k == STATIC and (n in lowering.traced or n in rules))
-        self.scalar_lists = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST)
+        self.scalar_lists = tuple(i for i, k in enumerate(sig.kinds) if k == SCALAR_LIST and i not in self.static)
         self.tensors = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR)
         self.tensor_lists = tuple(i for i, k in enumerate(sig.kinds) if k == TENSOR_LIST)
         self.generator = sig.names.index("generator") if "generator" in sig.names else None
@@ -208,6 +208,8 @@ class OpCall:
             elif kind == TENSOR_LIST:
                 plan.append(FAST_TENSOR_LIST)
             elif kind == SCALAR_LIST:
+                if i in self.static:  # a static Scalar[] (_foreach_pow's exponents): keyed by the Python kernel
+                    return None
                 plan.append(FAST_SCALAR_LIST)
             elif i in self.scalars:
                 plan.append(FAST_CHECKED_SCALAR if arg.name in lowering.scalar_fits else FAST_SCALAR)

@@ -9,7 +9,8 @@ the second argument is spread over the list:
   ScalarList one Scalar per element            (self[i], scalars[i])
   Tensor     one tensor for all (0-d or 1-d)   (self[i], other) or (self[i], scalars[i])
 Scalar[] arguments arrive as lists of traced weak scalars (signature.py's SCALAR_LIST), so
-new per-parameter step sizes do not recompile.
+new per-parameter step sizes do not recompile; where the elementwise entry's Scalar is static
+(pow's exponent), the foreach entry's Scalar and Scalar[] are static too (`_as_elementwise`).
 """
 from __future__ import annotations
 import jax.numpy as jnp
@@ -48,9 +49,11 @@ def unary(op_name, fn):
 
 
 def _as_elementwise(fn, op, position: int, trait: str) -> tuple:
-    """The foreach `op`'s Scalar at `position`, where the elementwise entry whose lowering is `fn`
-    names the Scalar at the same position in its `trait`: `scalar_fits`, checked alike against each
-    tensor's dtype (clamp_min's min, pow's exponent; not add's other), or `static` (pow's exponent)."""
+    """The foreach `op`'s Scalar (or Scalar[]) at `position`, where the elementwise entry whose
+    lowering is `fn` names the Scalar at the same position in its `trait`: `scalar_fits`, checked
+    alike against each tensor's dtype (clamp_min's min, pow's exponent; not add's other), or
+    `static` (pow's exponent: its lowering picks torch's formula, and refuses an integer tensor to
+    a negative integer power, from the value)."""
     named = any(entry.fn is fn and entry.op._schema.arguments[position].name in getattr(entry, trait)
                 for entry in LOWERINGS.values())
     return (op._schema.arguments[position].name,) if named else ()
@@ -82,7 +85,9 @@ def binary(op_name, fn, scalar_fn=None):
             _same_length(f"_foreach_{op_name}", self, scalars)
             return [scalar_fn(x, s) for x, s in zip(self, scalars)]
 
-        out["ScalarList"] = lowering(packet.ScalarList)(_named(foreach_scalar_list, f"_foreach_{op_name}_ScalarList"))
+        out["ScalarList"] = lowering(packet.ScalarList,
+                                     static=_as_elementwise(scalar_fn, packet.ScalarList, 1, "static"))(
+            _named(foreach_scalar_list, f"_foreach_{op_name}_ScalarList"))
     if "Tensor" in overloads:
         def foreach_tensor(self, other, **kw):
             return [fn(x, other, **kw) for x in self]
