@@ -318,49 +318,11 @@ def read_lazily(t: torch.Tensor):
 def view_of(buffer, geometry: tuple) -> "StridedView":
     """The StridedView of `geometry` over a storage's buffer (the C++ fast path calls it too). Over
     a Padded buffer the geometry is carried over to the padded array where it can be, so a view
-    of a growing tensor (its last token) costs one executable per capacity, not per length."""
+    of a growing tensor (its last token) costs one executable per capacity, not per length (the
+    runtime's padded_view, which the fast path's views take too)."""
     if type(buffer) is Padded:
-        padded = _padded_geometry(buffer, geometry)
-        if padded is not None:
-            return StridedView(buffer.array, padded)
+        return _rt.padded_view(buffer, geometry)
     return StridedView(buffer, geometry)
-
-
-def _padded_geometry(padded: Padded, geometry: tuple) -> tuple | None:
-    """`geometry` (over the exact row-major value) as a geometry over the padded array, or None
-    when a view dim does not step along one coordinate of the value without carrying over."""
-    size, stride, offset, dtype = geometry[:4]
-    if np.dtype(dtype) != np.dtype(padded.dtype):
-        return None
-    exact, physical = padded.shape, padded.array.shape
-    exact_strides, physical_strides = _row_major(exact), _row_major(physical)
-    coords, rest = [], offset
-    for e in exact_strides:
-        c, rest = divmod(rest, e) if e else (0, rest)
-        coords.append(c)
-    reach = list(coords)  # the largest coordinate the view reaches, per dim of the value
-    new_stride = []
-    for n, s in zip(size, stride):
-        if n == 1 or s == 0:
-            new_stride.append(0)
-            continue
-        k = next((k for k, e in enumerate(exact_strides) if exact[k] > 1 and s % e == 0), None)
-        if k is None:
-            return None
-        step = s // exact_strides[k]
-        reach[k] += step * (n - 1)
-        new_stride.append(step * physical_strides[k])
-    if any(r >= n for r, n in zip(reach, exact) if n):
-        return None
-    return (tuple(size), tuple(new_stride), sum(c * p for c, p in zip(coords, physical_strides)), *geometry[3:])
-
-
-def _row_major(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 class Geometry(NamedTuple):

@@ -77,6 +77,11 @@ py::object attr(PyObject* o, PyObject* name);
 py::object new_slotted(PyObject* type, std::initializer_list<std::pair<PyObject*, PyObject*>> slots);
 // storage.StridedView(buffer, geometry) for an array or Pending buffer; a null object otherwise.
 py::object strided_view(PyObject* buffer, PyObject* geometry);
+// storage.StridedView of `geometry` over a padded storage's buffer (storage.Padded): over its
+// padded array where the view steps along the value's coordinates (a growing tensor's last token:
+// one executable per capacity, not per length), else over the Padded (the consumer reads the
+// exact value). storage.view_of and the fast path's views both take it from here.
+py::object padded_view(PyObject* padded, PyObject* geometry);
 void set_recorder_helpers(py::object current_region, py::object call_signature, py::object end_region,
                           py::object lock, py::object open_regions, py::object pending_type, py::object array_type,
                           py::object strided_view_type, py::object fused, bool single_device);

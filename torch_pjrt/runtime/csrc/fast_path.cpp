@@ -194,9 +194,11 @@ static py::object lazy_view(const at::Tensor& t, const Holder* h) {
                                         py::handle(dtype), py::bool_(t.is_conj()), py::bool_(t.is_neg()));
     py::object view = strided_view(h->buffer, geometry.ptr());
     if (view) return view;
-    PyObject* padded = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
-    if (!padded) throw python_error();
-    return py::reinterpret_steal<py::object>(padded);
+    if (Py_TYPE(h->buffer) == reinterpret_cast<PyTypeObject*>(g_growth.padded_type))
+      return padded_view(h->buffer, geometry.ptr());
+    PyObject* other = PyObject_CallFunctionObjArgs(g_eager.strided_view, h->buffer, geometry.ptr(), nullptr);
+    if (!other) throw python_error();
+    return py::reinterpret_steal<py::object>(other);
   }
   PyObject* view = PyObject_CallOneArg(g_eager.read_lazily, py::cast(t).ptr());  // creates or grows the buffer
   if (!view) throw python_error();

@@ -248,6 +248,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forget_recorded_signatures", &tp::forget_recorded_signatures);
   m.def("regions_moved", &tp::regions_moved);
   m.def("set_growth_helpers", &tp::set_growth_helpers);
+  m.def("padded_view", [](py::object padded, py::tuple geometry) { return tp::padded_view(padded.ptr(), geometry.ptr()); });
   m.def("set_fused", &tp::set_fused);
   m.def("set_index_check_helpers", &tp::set_index_check_helpers);
   m.def("store_whole", &tp::store_whole);

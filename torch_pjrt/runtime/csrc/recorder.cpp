@@ -36,7 +36,7 @@ struct RecorderHelpers {
   bool single_device = true;           // fused._devices_are_one(): regions keep no device
   // interned attribute names
   PyObject *calls, *structure, *inputs, *input_index, *outputs, *device, *ran, *aval, *value, *region, *slot, *shape,
-      *static_, *max_ops, *geometry, *buffer, *max_calls, *another_thread, *host_read;
+      *static_, *max_ops, *geometry, *buffer, *max_calls, *another_thread, *host_read, *dtype;
 };
 RecorderHelpers g_rec;
 bool g_ready = false;
@@ -286,8 +286,88 @@ py::tuple region_plan(py::list outputs, py::list inputs, py::dict input_index) {
 }
 
 py::object strided_view(PyObject* buffer, PyObject* geometry) {
-  if (!g_ready || !is_value(buffer)) return py::object();  // a Padded buffer: storage.view_of
+  if (!g_ready || !is_value(buffer)) return py::object();  // a Padded buffer: padded_view
   return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, buffer}, {g_rec.geometry, geometry}});
+}
+
+namespace {
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t step = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    strides[k] = step;
+    step *= shape[k];
+  }
+  return strides;
+}
+
+std::vector<int64_t> ints(PyObject* tuple) {
+  std::vector<int64_t> out(size_t(PyTuple_GET_SIZE(tuple)));
+  for (size_t i = 0; i < out.size(); i++) out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, Py_ssize_t(i)));
+  return out;
+}
+
+// A view's (sizes, strides, offset) over the exact row-major value of a padded storage, carried
+// over to its padded array (`physical`: the value's shape but longer along the growing axis):
+// the strides and offset there. False when a view dim does not step along one coordinate of the
+// value without carrying into the next (a reshape across the growing axis).
+bool carried_over(const std::vector<int64_t>& exact, const std::vector<int64_t>& physical,
+                  const std::vector<int64_t>& size, const std::vector<int64_t>& stride, int64_t offset,
+                  std::vector<int64_t>& new_stride, int64_t& new_offset) {
+  const std::vector<int64_t> exact_strides = row_major(exact), physical_strides = row_major(physical);
+  std::vector<int64_t> coords(exact.size(), 0);
+  for (size_t k = 0; k < exact.size(); k++) {
+    if (exact_strides[k] == 0) continue;
+    coords[k] = offset / exact_strides[k];
+    offset %= exact_strides[k];
+  }
+  std::vector<int64_t> reach = coords;  // the largest coordinate the view reaches, per dim of the value
+  new_stride.clear();
+  for (size_t i = 0; i < size.size(); i++) {
+    if (size[i] == 1 || stride[i] == 0) {
+      new_stride.push_back(0);
+      continue;
+    }
+    size_t k = 0;
+    while (k < exact.size() && !(exact[k] > 1 && exact_strides[k] > 0 && stride[i] % exact_strides[k] == 0)) k++;
+    if (k == exact.size()) return false;
+    const int64_t step = stride[i] / exact_strides[k];
+    reach[k] += step * (size[i] - 1);
+    new_stride.push_back(step * physical_strides[k]);
+  }
+  for (size_t k = 0; k < exact.size(); k++)
+    if (exact[k] && reach[k] >= exact[k]) return false;
+  new_offset = 0;
+  for (size_t k = 0; k < exact.size(); k++) new_offset += coords[k] * physical_strides[k];
+  return true;
+}
+}  // namespace
+
+py::object padded_view(PyObject* padded, PyObject* geometry) {
+  // geometry: (sizes, strides, offset, JAX dtype, conj, neg), as storage.read_lazily makes it
+  py::object array = attr(padded, g_growth.array);
+  const ArrayType& type = array_type(array);
+  std::vector<int64_t> exact = type.shape;
+  exact.at(attr(padded, g_growth.axis).cast<size_t>()) = attr(padded, g_growth.length).cast<int64_t>();
+  py::object dtype = attr(type.aval, g_rec.dtype);
+  const int same_dtype = PyObject_RichCompareBool(PyTuple_GET_ITEM(geometry, 3), dtype.ptr(), Py_EQ);
+  if (same_dtype < 0) throw python_error();
+  std::vector<int64_t> stride;
+  int64_t offset = 0;
+  if (same_dtype &&
+      carried_over(exact, type.shape, ints(PyTuple_GET_ITEM(geometry, 0)), ints(PyTuple_GET_ITEM(geometry, 1)),
+                   PyLong_AsLongLong(PyTuple_GET_ITEM(geometry, 2)), stride, offset)) {
+    // a view of a growing tensor (its last token) costs one executable per capacity, not per length
+    py::tuple carried(PyTuple_GET_SIZE(geometry));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(geometry); i++)
+      carried[i] = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(geometry, i));
+    py::tuple strides(stride.size());
+    for (size_t i = 0; i < stride.size(); i++) strides[i] = py::int_(stride[i]);
+    carried[1] = strides;
+    carried[2] = py::int_(offset);
+    return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, array.ptr()}, {g_rec.geometry, carried.ptr()}});
+  }
+  return new_slotted(g_rec.strided_view_type, {{g_rec.buffer, padded}, {g_rec.geometry, geometry}});
 }
 
 // A region's digest: 16 bytes (a bytearray, Region.digest) folded over each recorded call's
@@ -480,7 +560,7 @@ void set_recorder_helpers(py::object current_region, py::object call_signature, 
            name("calls"), name("structure"), name("inputs"), name("input_index"), name("outputs"), name("device"),
            name("ran"), name("aval"), name("value"), name("region"), name("slot"), name("shape"), name("static"),
            name("max ops"), name("_geometry"), name("buffer"), name("MAX_CALLS"), name("another thread"),
-           name("host read")};
+           name("host read"), name("dtype")};
   g_ready = true;
 }
 
