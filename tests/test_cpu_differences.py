@@ -1766,3 +1766,20 @@ def test_integer_tensor_to_a_negative_integer_power_raises_as_cpu(dtype, exponen
     _same_as_cpu(lambda d: torch._foreach_pow([torch.arange(-3, 3, device=d).to(dtype), torch.arange(3, device=d).float()],
                                               [-exponent + 5, exponent])[0])
     _same_as_cpu(lambda d: torch._foreach_pow([torch.arange(-3, 3, device=d).to(dtype)], [exponent - 0.5])[0])
+
+
+# --------------------------------------------------------------------------- from test_unary_ufuncs (2026-12-07)
+def test_threshold_of_uint8_computes_as_cpu():
+    """CPU's threshold kernel takes uint8; pjrt raised '"threshold" not implemented for 'torch.uint8''."""
+    t = torch.tensor([0, 3, 100, 255, 1], dtype=torch.uint8)
+    for threshold, value in ((3, 7), (2.5, 1), (0, 255), (-1, 5)):
+        _same_as_cpu(lambda d: torch.nn.functional.threshold(t.to(d), threshold, value))
+    assert_raises_like_cpu(lambda d: torch.nn.functional.threshold(t.to(d), 300, 2), "a limit uint8 cannot hold")
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_a_prim_given_a_python_number_for_a_tensor_computes_as_cpu(dtype):
+    """torch._refs.sigmoid of a complex tensor calls a prim whose Tensor argument is a Python
+    complex (1 + 0j); the host check of the op's Scalars read `.dtype` from it (AttributeError)."""
+    x = torch.tensor([1 + 2j, -0.5 + 0.1j, 3 - 4j], dtype=dtype)
+    torch.testing.assert_close(torch._refs.sigmoid(x.to("pjrt")).cpu(), torch._refs.sigmoid(x))

@@ -434,7 +434,10 @@ def _fits_as_cpu(op, names: tuple):
         dtypes = [values[dtype_at]] if dtype_at is not None and values[dtype_at] is not None else []
         if not dtypes and tensor_at is not None:
             first = values[tensor_at]
-            dtypes = list(dict.fromkeys(t.dtype for t in first)) if isinstance(first, (list, tuple)) else [first.dtype]
+            if isinstance(first, (list, tuple)):
+                dtypes = list(dict.fromkeys(t.dtype for t in first))
+            elif isinstance(first, torch.Tensor):  # (a prim's Python number in a Tensor's place: no dtype to fit)
+                dtypes = [first.dtype]
         for i in value_at:
             value = values[i]
             if isinstance(value, (bool, int, float, complex)):

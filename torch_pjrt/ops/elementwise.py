@@ -1502,7 +1502,7 @@ mish_backward = activation("mish_backward", _mish_backward)
 @lowering(aten.threshold.default, scalar_fits=("threshold", "value"))
 def threshold(self, threshold, value):
     # torch compares and replaces in self's dtype (the Scalars do not promote)
-    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="if",
+    return pointwise(lambda x, th, v: jnp.where(x <= th, v, x), self, name="threshold", allowed="uif",
                      scalars=(threshold, value))
 
 
