@@ -1811,3 +1811,18 @@ def test_cosh_and_sinh_as_accurate_as_cpu(op):
         torch.testing.assert_close(op(x.to("pjrt")).cpu(), op(x), rtol=rtol, atol=0, equal_nan=True)
     ints = torch.arange(-88, 89, dtype=torch.int16)
     torch.testing.assert_close(op(ints.to("pjrt")).cpu(), op(ints), rtol=1.3e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("op", [torch.abs, torch.sqrt, torch.exp, torch.exp2])
+def test_complex_special_values_and_signed_zeros_as_cpu(op, dtype):
+    """C99's special values, as CPU's kernels give them (test_unary_ufuncs' reference_numerics_extremal):
+    XLA's |inf + NaN i| was NaN, sqrt(-2.5 - 0i) +1.58i (the branch cut's -0 read as +0), exp and
+    exp2 of infinite parts NaN + NaN i and of a -0 imaginary part +0."""
+    values = [0.0, -0.0, 1.0, -2.5, float("inf"), float("-inf"), float("nan"), 1e30, 1e-30]
+    z = torch.tensor([complex(a, b) for a in values for b in values], dtype=dtype)
+    expected, actual = op(z), op(z.to("pjrt")).cpu()
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    if expected.is_complex():  # the sign of a zero imaginary part too
+        zero = expected.imag == 0
+        assert torch.equal(torch.signbit(actual.imag[zero]), torch.signbit(expected.imag[zero]))

@@ -678,7 +678,12 @@ signbit = define("signbit", _signbit, kind=ALWAYS_BOOL, allowed="buif")
 
 
 def _abs(x):
-    return x if category(x.dtype) in "bu" else jnp.abs(x)
+    if category(x.dtype) in "bu":
+        return x
+    if category(x.dtype) == "c":  # C99's hypot, as CPU's: an infinite part makes |z| inf, NaN or not
+        inf = jnp.isinf(x.real) | jnp.isinf(x.imag)
+        return jnp.where(inf, jnp.full((), jnp.inf, x.real.dtype), jnp.abs(x))
+    return jnp.abs(x)
 
 
 def _sign(x):
@@ -716,8 +721,8 @@ conj_physical = define("conj_physical", lambda x: jnp.conj(x) if category(x.dtyp
 def _exp2(x):
     """2**x as 2**n * 2**f, n = round(x), |f| <= 0.5: exact at integral x, as CPU's exp2. XLA's
     exp2 is exp(x ln 2), whose rounding of x ln 2 grows with |x| (float32 2**47 off by 1.5e-6)."""
-    if category(x.dtype) == "c":
-        return jnp.exp(x * _m.log(2))
+    if category(x.dtype) == "c":  # each part scaled by ln 2, not a complex product (inf * ln 2 has a NaN part)
+        return _exp(lax.complex(x.real * _m.log(2), x.imag * _m.log(2)))
     n = jnp.clip(jnp.round(x), -2000, 2000)  # past both ends of float64's range: the result is 0 or inf
     exact = jnp.ldexp(jnp.exp2(x - n), n.astype(np.int32))
     return jnp.where(jnp.isfinite(x), exact, jnp.exp2(x))  # inf -> inf, -inf -> 0, NaN -> NaN
@@ -743,6 +748,33 @@ def _sinh(x):
     return jnp.where(a < 1, jnp.sinh(x), jnp.sign(x) * (0.5 * jnp.exp(a) - 0.5 * jnp.exp(-a)))
 
 
+def _sqrt(x):
+    """CPU's sqrt of a complex z keeps the sign of a zero imaginary part across the branch cut
+    (sqrt(-2.5 - 0j) = -1.58j), which XLA's reads as +0: by symmetry sqrt(z) = conj(sqrt(conj z))."""
+    if category(x.dtype) != "c":
+        return jnp.sqrt(x)
+    out = jnp.where(jnp.signbit(x.imag), jnp.conj(jnp.sqrt(jnp.conj(x))), jnp.sqrt(x))
+    # C99's special values, as CPU's: sqrt(x +- inf i) = inf +- inf i (x NaN too), sqrt(-inf + NaN i) = NaN + inf i
+    inf = jnp.full((), jnp.inf, x.real.dtype)
+    out = jnp.where(jnp.isinf(x.imag), lax.complex(inf, x.imag), out)
+    nan = jnp.full((), jnp.nan, x.real.dtype)
+    out = jnp.where(jnp.isposinf(x.real) & jnp.isnan(x.imag), lax.complex(inf, nan), out)
+    return jnp.where(jnp.isneginf(x.real) & jnp.isnan(x.imag), lax.complex(nan, inf), out)
+
+
+def _exp(x):
+    """exp; of a complex z with CPU's signed zeros (exp(conj z) = conj(exp z): XLA's drops a -0
+    imaginary part's sign) and C99's special values for an infinite or NaN y in z = x + y i:
+    exp(+inf + y i) = inf + NaN i, exp(-inf + y i) = 0 +- 0 i (XLA gives NaN + NaN i for both)."""
+    if category(x.dtype) != "c":
+        return jnp.exp(x)
+    out = jnp.where(jnp.signbit(x.imag), jnp.conj(jnp.exp(jnp.conj(x))), jnp.exp(x))
+    part = x.real.dtype
+    odd = ~jnp.isfinite(x.imag)
+    out = jnp.where(jnp.isposinf(x.real) & odd, lax.complex(jnp.full((), jnp.inf, part), jnp.full((), jnp.nan, part)), out)
+    return jnp.where(jnp.isneginf(x.real) & odd, lax.complex(jnp.zeros((), part), jnp.copysign(jnp.zeros((), part), x.imag)), out)
+
+
 def _digamma(x):
     # torch: digamma(+-0) = -+inf, NaN at the negative integers
     pole = (x < 0) & (x == jnp.floor(x))
@@ -758,9 +790,9 @@ def _entr(x):
 _NO_HALF = {"special_ndtri", "special_erfcx", "special_log_ndtr"}  # torch: float32/float64 only
 _FLOAT_UNARY = {  # name: (math, dtype categories torch allows)
     "reciprocal": (lambda x: 1 / x, ALL),
-    "sqrt": (jnp.sqrt, ALL),
+    "sqrt": (_sqrt, ALL),
     "rsqrt": (lax.rsqrt, ALL),
-    "exp": (jnp.exp, ALL),
+    "exp": (_exp, ALL),
     "exp2": (_exp2, ALL),
     "expm1": (jnp.expm1, ALL),
     "log": (jnp.log, ALL),
