@@ -301,9 +301,10 @@ std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
   return strides;
 }
 
-std::vector<int64_t> ints(PyObject* tuple) {
-  std::vector<int64_t> out(size_t(PyTuple_GET_SIZE(tuple)));
-  for (size_t i = 0; i < out.size(); i++) out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, Py_ssize_t(i)));
+std::vector<int64_t> ints(PyObject* sequence) {  // a geometry's sizes or strides: a tuple, from both callers
+  if (!PyTuple_Check(sequence)) return py::cast<std::vector<int64_t>>(py::handle(sequence));
+  std::vector<int64_t> out(size_t(PyTuple_GET_SIZE(sequence)));
+  for (size_t i = 0; i < out.size(); i++) out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(sequence, Py_ssize_t(i)));
   return out;
 }
 
