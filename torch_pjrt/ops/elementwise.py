@@ -748,12 +748,19 @@ def _sinh(x):
     return jnp.where(a < 1, jnp.sinh(x), jnp.sign(x) * (0.5 * jnp.exp(a) - 0.5 * jnp.exp(-a)))
 
 
+def _conj_symmetric(f, z):
+    """f(z) for a complex function with f(conj z) = conj(f(z)) (sqrt, exp), keeping the sign of a
+    zero imaginary part as CPU does, which XLA's reads as +0: computed at conj z where Im z has
+    its sign bit set."""
+    return jnp.where(jnp.signbit(z.imag), jnp.conj(f(jnp.conj(z))), f(z))
+
+
 def _sqrt(x):
-    """CPU's sqrt of a complex z keeps the sign of a zero imaginary part across the branch cut
-    (sqrt(-2.5 - 0j) = -1.58j), which XLA's reads as +0: by symmetry sqrt(z) = conj(sqrt(conj z))."""
+    """sqrt; of a complex z, the branch cut's -0 kept (sqrt(-2.5 - 0j) = -1.58j, _conj_symmetric)
+    and C99's special values."""
     if category(x.dtype) != "c":
         return jnp.sqrt(x)
-    out = jnp.where(jnp.signbit(x.imag), jnp.conj(jnp.sqrt(jnp.conj(x))), jnp.sqrt(x))
+    out = _conj_symmetric(jnp.sqrt, x)
     # C99's special values, as CPU's: sqrt(x +- inf i) = inf +- inf i (x NaN too), sqrt(-inf + NaN i) = NaN + inf i
     inf = jnp.full((), jnp.inf, x.real.dtype)
     out = jnp.where(jnp.isinf(x.imag), lax.complex(inf, x.imag), out)
@@ -763,12 +770,12 @@ def _sqrt(x):
 
 
 def _exp(x):
-    """exp; of a complex z with CPU's signed zeros (exp(conj z) = conj(exp z): XLA's drops a -0
-    imaginary part's sign) and C99's special values for an infinite or NaN y in z = x + y i:
-    exp(+inf + y i) = inf + NaN i, exp(-inf + y i) = 0 +- 0 i (XLA gives NaN + NaN i for both)."""
+    """exp; of a complex z with CPU's signed zeros (_conj_symmetric) and C99's special values for
+    an infinite or NaN y in z = x + y i: exp(+inf + y i) = inf + NaN i, exp(-inf + y i) = 0 +- 0 i
+    (XLA gives NaN + NaN i for both)."""
     if category(x.dtype) != "c":
         return jnp.exp(x)
-    out = jnp.where(jnp.signbit(x.imag), jnp.conj(jnp.exp(jnp.conj(x))), jnp.exp(x))
+    out = _conj_symmetric(jnp.exp, x)
     part = x.real.dtype
     odd = ~jnp.isfinite(x.imag)
     out = jnp.where(jnp.isposinf(x.real) & odd, lax.complex(jnp.full((), jnp.inf, part), jnp.full((), jnp.nan, part)), out)
