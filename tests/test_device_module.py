@@ -206,3 +206,25 @@ def test_accelerator_memory_functions():
     del x
     torch.accelerator.empty_cache()
     assert torch.accelerator.memory_allocated() == before
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_legacy_storage_classes_as_cuda_has_them():
+    """`Tensor.storage_type()` looks the class up in the device module (torch.cuda.FloatStorage's
+    kin); each builds a typed storage on pjrt with its dtype and the CPU class's values."""
+    names = {dtype: name for dtype, name in torch.storage._dtype_to_storage_type_map().items()
+             if not name.startswith("Q")}  # quantized dtypes: refused on pjrt, no CUDA class either
+    assert len(names) == 12
+    for dtype, name in names.items():
+        cls = getattr(torch.pjrt, name)
+        assert torch.empty(2, dtype=dtype, device="pjrt").storage_type() is cls
+        assert cls.dtype == dtype == getattr(torch.cuda, name).dtype
+    values = [1, 2, 3]
+    s = torch.pjrt.LongStorage(values)
+    assert (s.device.type, s.dtype, s.tolist()) == ("pjrt", torch.int64, torch.LongStorage(values).tolist())
+    assert torch.pjrt.HalfStorage(4).size() == 4 and torch.pjrt.HalfStorage(4).device.type == "pjrt"
+    x = torch.arange(4.0, device="pjrt")
+    assert isinstance(x.storage(), torch.pjrt.FloatStorage) and not isinstance(x.storage(), torch.FloatStorage)
+    assert torch.pjrt.FloatStorage(wrap_storage=x.untyped_storage()).tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="Device of 'wrap_storage' must be pjrt, but got cpu"):
+        torch.pjrt.FloatStorage(wrap_storage=torch.ones(2).untyped_storage())

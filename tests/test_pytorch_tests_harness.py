@@ -160,3 +160,13 @@ def test_checks_made_on_the_device_follow_cudas_convention_only_in_the_tests_tha
         "outcome": "failed", "message": "RuntimeError: Expected all tensors to be on the same device, but found at "
                                         "least two devices, pjrt:0 and cpu! (when checking argument 'index' in "
                                         "aten::index_fill.int_Scalar)"})
+
+
+def test_the_device_modules_legacy_storage_class_is_a_convention_only_for_the_same_name():
+    record = {"test": "test_torch.py::TestTorchDeviceTypePRIVATEUSE1::test_tensor_storage_type_pjrt_float32",
+              "outcome": "failed",
+              "message": "AssertionError: Type comparison failed: <class 'torch.pjrt.FloatStorage'> != "
+                         "<class 'torch.FloatStorage'>"}
+    assert pytorch_tests._by_convention(record)
+    assert pytorch_tests._by_convention({**record, "message": record["message"].replace(
+        "torch.FloatStorage'", "torch.DoubleStorage'")}) is None

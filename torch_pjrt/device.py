@@ -263,3 +263,37 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+# -- legacy typed storages ---------------------------------------------------------------
+class _PjrtLegacyStorage(torch.storage._LegacyStorage):
+    """`torch.pjrt.FloatStorage` and its kin, as `torch.cuda.FloatStorage`: `Tensor.storage_type()`
+    looks them up in the device module, and torch reads their device from their module's last name
+    (`torch.pjrt`)."""
+
+    @classmethod
+    def from_buffer(cls, *args, **kwargs):
+        raise RuntimeError("from_buffer: Not available for pjrt storage")
+
+    @classmethod
+    def _new_with_weak_ptr(cls, *args, **kwargs):
+        raise RuntimeError("_new_with_weak_ptr: Not available for pjrt storage")
+
+    @classmethod
+    def _new_shared_filename(cls, manager, obj, size, *, device=None, dtype=None):
+        raise RuntimeError("_new_shared_filename: Not available for pjrt storage")
+
+
+def _legacy_storage_class(name: str, dtype: torch.dtype) -> type:
+    def dtype_(cls):
+        torch.storage._warn_typed_storage_removal()
+        return dtype
+
+    body = {"dtype": torch._utils.classproperty(dtype_),
+            "_dtype": torch._utils.classproperty(lambda cls: dtype), "__module__": "torch.pjrt"}
+    return type(name, (_PjrtLegacyStorage,), body)
+
+
+for _dtype, _name in torch.storage._dtype_to_storage_type_map().items():
+    if hasattr(torch.cuda, _name):  # CUDA's set: no quantized dtypes (pjrt refuses them too)
+        globals()[_name] = _legacy_storage_class(_name, _dtype)

@@ -312,6 +312,10 @@ CONVENTIONS = (
      "tests pass)",
      r"::(test_embedding_bag_out_of_bounds_idx_|test_masked_scatter_pjrt_|test_one_hot_pjrt$|"
      r"test_trivial_fancy_out_of_bounds_pjrt$|test_advancedindex_pjrt_)"),
+    (r"Type comparison failed: <class 'torch\.pjrt\.(\w+Storage)'> != <class 'torch\.\1'>",
+     "test_tensor_storage_type expects torch.cuda's legacy storage class on CUDA and the CPU's on every other "
+     "device; torch's `Tensor.storage_type()` looks the class up in the PrivateUse1 backend's device module as "
+     "in torch.cuda, and pjrt defines them there (torch.pjrt.FloatStorage, a storage on pjrt)"),
     (r"Expected all tensors to be on the same device, but found at least two devices, pjrt:\d+ and cpu",
      "test_stable_sort_against_numpy returns before its other samples on CUDA: they index_fill a tensor on "
      "the device with an index on the CPU, which CUDA's kernel refuses as pjrt does",
