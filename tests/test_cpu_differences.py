@@ -1826,3 +1826,36 @@ def test_complex_special_values_and_signed_zeros_as_cpu(op, dtype):
     if expected.is_complex():  # the sign of a zero imaginary part too
         zero = expected.imag == 0
         assert torch.equal(torch.signbit(actual.imag[zero]), torch.signbit(expected.imag[zero]))
+
+
+def _assert_complex_same_as_cpu(actual, expected):
+    """Equal as assert_close has it, NaN == NaN, and zero parts with CPU's signs."""
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+    for part in (torch.real, torch.imag):
+        zero = part(expected) == 0
+        assert torch.equal(torch.signbit(part(actual)[zero]), torch.signbit(part(expected)[zero]))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize(
+    "op", [torch.rsqrt, torch.sigmoid, torch.tanh, torch.nn.functional.tanhshrink, torch.atan],
+    ids=["rsqrt", "sigmoid", "tanh", "tanhshrink", "atan"])
+def test_complex_special_values_and_signed_zeros_of_rsqrt_sigmoid_tanh_atan_as_cpu(op, dtype):
+    """C99's special values and signed zeros, as CPU's kernels give them (test_unary_ufuncs'
+    reference_numerics_extremal): rsqrt(x + inf i) was 0 (CPU, 1 / sqrt(z) in c10's division:
+    NaN + NaN i), sigmoid(inf + inf i) NaN (CPU: 1), tanh(0 + inf i) NaN + NaN i (CPU: 0 + NaN i),
+    atan(-0 + inf i) +pi/2 (CPU: -pi/2), and -0 parts read as +0; tanhshrink's x - tanh x lost a
+    zero's sign in the complex subtraction (CPU adds -1 times tanh x)."""
+    values = [0.0, -0.0, 1.0, -2.5, float("inf"), float("-inf"), float("nan"), 1e30, 1e-30]
+    z = torch.tensor([complex(a, b) for a in values for b in values], dtype=dtype)
+    _assert_complex_same_as_cpu(op(z.to("pjrt")).cpu(), op(z))
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_sigmoid_of_large_values_as_cpu(dtype):
+    """test_unary_ufuncs' reference_numerics_large: sigmoid(-100 + 1i) in complex64, where exp(100 - 1i)
+    overflows, is NaN + NaN i on CPU (1 / (inf - inf i) in c10's division); XLA's logistic gave 0."""
+    reals = [s * m for m in (100.0, 1e3, 1e10, 1e30) for s in (1, -1)] + [88.0, -89.0, 709.0, -710.0]
+    imags = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 100.0, -1e30, 1e30, 1e-30]
+    z = torch.tensor([complex(a, b) for a in reals for b in imags], dtype=dtype)
+    _assert_complex_same_as_cpu(torch.sigmoid(z.to("pjrt")).cpu(), torch.sigmoid(z))

@@ -186,12 +186,21 @@ def _no_bool_subtraction(*operands):
         )
 
 
+def _minus_scaled(a, b, alpha, common):
+    """a - alpha * b as CPU's kernels: add with -alpha, a + (-alpha) * b. Of complex values that
+    product is a complex one, which makes a zero's sign +0 where plain negation keeps it:
+    (1 - 0i) - (0.76 - 0i) is 0.24 + 0i on CPU (0.24 - 0i as a - b)."""
+    if category(a.dtype) == "c":
+        return a + _scaled(b, -alpha, common)
+    return a - _scaled(b, alpha, common)
+
+
 @lowering(aten.sub.Tensor, aten.sub.Scalar, scalar_fits="alpha")
 def sub(self, other, alpha=1):
     common = dtypes(self, other)[0]
     _no_bool_subtraction(self, other)
     _check_alpha(common, alpha)
-    return pointwise(lambda a, b, alpha: a - _scaled(b, alpha, common), self, other, scalars=(alpha,))
+    return pointwise(lambda a, b, alpha: _minus_scaled(a, b, alpha, common), self, other, scalars=(alpha,))
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar, scalar_fits="alpha")
@@ -199,7 +208,7 @@ def rsub(self, other, alpha=1):
     common = dtypes(self, other)[0]
     _no_bool_subtraction(self, other)
     _check_alpha(common, alpha)
-    return pointwise(lambda a, b, alpha: b - _scaled(a, alpha, common), self, other, scalars=(alpha,))
+    return pointwise(lambda a, b, alpha: _minus_scaled(b, a, alpha, common), self, other, scalars=(alpha,))
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
@@ -782,6 +791,81 @@ def _exp(x):
     return jnp.where(jnp.isneginf(x.real) & odd, lax.complex(jnp.zeros((), part), jnp.copysign(jnp.zeros((), part), x.imag)), out)
 
 
+def _c10_reciprocal(z):
+    """1 / z of a complex z as CPU's c10::complex divides (Smith's scaled division, as numpy's), the
+    division that gives rsqrt and sigmoid CPU's special values (1 / (inf + 0i) = 0 + 0i,
+    1 / (inf + inf i) = NaN + NaN i, 1 / 0 = inf + NaN i) and signs of zeros (c10 adds a zero)."""
+    c, d = z.real, z.imag
+    part = c.dtype
+    wide = jnp.abs(c) >= jnp.abs(d)  # false where a part is NaN: the narrow branch, NaN + NaN i
+    rat = jnp.where(wide, d / c, c / d)  # |rat| <= 1, or NaN
+    scl = 1 / jnp.where(wide, c + d * rat, d + c * rat)
+    zero = jnp.zeros((), part)
+    unit = jnp.where(jnp.isnan(rat), jnp.full((), jnp.nan, part), jnp.ones((), part))  # c10's 1 + 0 rat
+    # wide: (1 + 0 rat) + (0 - rat) i; narrow: (rat + 0) + (0 rat - 1) i; a zero rat gives +0 parts
+    re = jnp.where(wide, unit, jnp.where(rat == 0, zero, rat)) * scl
+    im = jnp.where(wide, jnp.where(rat == 0, zero, -rat), -unit) * scl
+    both_zero = (c == 0) & (d == 0)  # c10: 1 / |c| + (0 / |d|) i
+    re = jnp.where(both_zero, jnp.full((), jnp.inf, part), re)
+    return lax.complex(re, jnp.where(both_zero, jnp.full((), jnp.nan, part), im))
+
+
+def _rsqrt(x):
+    """rsqrt; of a complex z CPU's 1 / sqrt(z), C99's sqrt then c10's division (_c10_reciprocal):
+    rsqrt(x + inf i) = NaN + NaN i, rsqrt(inf + y i) = 0 + 0i for a finite y. XLA's complex rsqrt
+    gave 0 there, 1 - 0i for 1 + 0i and 3.9e-17 - 0.63i for -2.5 + 0i (CPU: -0.63i)."""
+    if category(x.dtype) != "c":
+        return lax.rsqrt(x)
+    return _c10_reciprocal(_sqrt(x))
+
+
+def _logistic(x):
+    """sigmoid, the logistic function; of a complex z CPU's kernel, 1 / (1 + exp(-z)) with C99's
+    exp and c10's division: sigmoid(inf + inf i) = 1 (exp(-inf - inf i) = 0), sigmoid(-inf + y i)
+    = NaN + NaN i for a finite nonzero y (1 / (inf - inf i)); XLA's logistic gave NaN and 0."""
+    if category(x.dtype) != "c":
+        return jax.nn.sigmoid(x)
+    return _c10_reciprocal(1 + _exp(-x))
+
+
+def _tanh(x):
+    """tanh; of a complex z odd and conj-symmetric as CPU's (C99's) with signed zeros, computed on
+    |Re z| + |Im z| i and the signs put back (XLA's reads -0 as +0: tanh(1 - 0i) had +0i), and C99's
+    tanh(+-0 + y i) = +-0 + NaN i for an infinite or NaN y (XLA: NaN + NaN i)."""
+    if category(x.dtype) != "c":
+        return jnp.tanh(x)
+    re, im = x.real, x.imag
+    w = jnp.tanh(lax.complex(jnp.abs(re), jnp.abs(im)))
+    out_re = jnp.where(jnp.signbit(re), -w.real, w.real)
+    out_im = jnp.where(jnp.signbit(im), -w.imag, w.imag)
+    imaginary_pole = (re == 0) & ~jnp.isfinite(im)
+    out_re = jnp.where(imaginary_pole, re, out_re)
+    out_im = jnp.where(imaginary_pole, jnp.full((), jnp.nan, re.dtype), out_im)
+    return lax.complex(out_re, out_im)
+
+
+def _atan(x):
+    """atan; of a complex z = x + y i with CPU's (C99's) signs, Re atan z has x's sign and Im atan z
+    y's (XLA's: atan(-0 + inf i) = +pi/2, atan(1 + 0i) with -0i), and C99's NaNs: NaN + NaN i for
+    a NaN y and a finite x, NaN +- 0i for a NaN x and a zero or infinite y, else NaN + NaN i (XLA
+    gave +-pi/2 as the real part)."""
+    if category(x.dtype) != "c":
+        return jnp.arctan(x)
+    re, im = x.real, x.imag
+    part = re.dtype
+    w = jnp.arctan(x)
+    # Im atan(x +- i) = +-log(hypot(x, 2) / |x|) / 2: XLA's x^2 + (1 - |y|)^2 underflows to 0 for a
+    # tiny x, inf where CPU's is finite (atan(1e-30 + 1i) = 0.785 + 34.9i in complex64)
+    w_im = jnp.where(jnp.isinf(w.imag) & (re != 0), 0.5 * (jnp.log(jnp.hypot(re, 2)) - jnp.log(jnp.abs(re))), w.imag)
+    out_re, out_im = jnp.copysign(w.real, re), jnp.copysign(w_im, im)
+    nan = jnp.full((), jnp.nan, part)
+    nan_y = jnp.isnan(im) & jnp.isfinite(re)
+    out_re = jnp.where(jnp.isnan(re) | nan_y, nan, out_re)
+    nan_x_im = jnp.where((im == 0) | jnp.isinf(im), jnp.copysign(jnp.zeros((), part), im), nan)
+    out_im = jnp.where(jnp.isnan(re), nan_x_im, jnp.where(nan_y, nan, out_im))
+    return lax.complex(out_re, out_im)
+
+
 def _digamma(x):
     # torch: digamma(+-0) = -+inf, NaN at the negative integers
     pole = (x < 0) & (x == jnp.floor(x))
@@ -798,7 +882,7 @@ _NO_HALF = {"special_ndtri", "special_erfcx", "special_log_ndtr"}  # torch: floa
 _FLOAT_UNARY = {  # name: (math, dtype categories torch allows)
     "reciprocal": (lambda x: 1 / x, ALL),
     "sqrt": (_sqrt, ALL),
-    "rsqrt": (lax.rsqrt, ALL),
+    "rsqrt": (_rsqrt, ALL),
     "exp": (_exp, ALL),
     "exp2": (_exp2, ALL),
     "expm1": (jnp.expm1, ALL),
@@ -811,14 +895,14 @@ _FLOAT_UNARY = {  # name: (math, dtype categories torch allows)
     "tan": (jnp.tan, ALL),
     "asin": (jnp.arcsin, ALL),
     "acos": (jnp.arccos, ALL),
-    "atan": (jnp.arctan, ALL),
+    "atan": (_atan, ALL),
     "sinh": (_sinh, ALL),
     "cosh": (_cosh, ALL),
-    "tanh": (jnp.tanh, ALL),
+    "tanh": (_tanh, ALL),
     "asinh": (jnp.arcsinh, ALL),
     "acosh": (jnp.arccosh, ALL),
     "atanh": (jnp.arctanh, ALL),
-    "sigmoid": (jax.nn.sigmoid, ALL),
+    "sigmoid": (_logistic, ALL),
     "sinc": (jnp.sinc, ALL),
     "erf": (lax.erf, "buif"),
     "erfc": (lax.erfc, "buif"),
@@ -880,7 +964,8 @@ def _trigamma(x):
 
 def _polygamma_high(n, x):
     """psi_n(x), n >= 2, for any real x: psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1) moves x
-    to 1 or above, where JAX's zeta series holds (CPU's zeta sums the same terms directly)."""
+    to 1 or above, where JAX's zeta series holds (CPU's zeta sums the same terms directly). n! is
+    exact here: jsp.polygamma's exp(lgamma(n + 1)) put float32 results ~1e-6 off CPU's."""
     step = (-1) ** n * _m.factorial(n)
 
     def body(state):
@@ -891,7 +976,7 @@ def _polygamma_high(n, x):
 
     y, acc = lax.while_loop(lambda st: jnp.any((st[0] < 1) & jnp.isfinite(st[0])), body, (x, jnp.zeros_like(x)))
     at_minus_inf = jnp.asarray(-jnp.inf if n % 2 == 0 else jnp.inf, x.dtype)  # CPU's zeta(n + 1, -inf) = inf
-    return jnp.where(x == -jnp.inf, at_minus_inf, jsp.polygamma(n, y) - acc)
+    return jnp.where(x == -jnp.inf, at_minus_inf, -step * jsp.zeta(jnp.asarray(n + 1, y.dtype), y) - acc)
 
 
 @lowering(aten.polygamma.default)
