@@ -122,6 +122,17 @@ def test_digamma_poles_and_polygamma():
         check(aten.polygamma.default, n, neg.float(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("n", (2, 3, 4, 5))
+def test_polygamma_of_integers_and_of_huge_negatives_as_cpu(n):
+    """test_unary_ufuncs' integer samples: n! came from exp(lgamma(n + 1)), ~1e-6 off CPU's float32
+    (polygamma(4, 1) -24.886312 against -24.886266); a float too large to step by 1 (-1e30) hung."""
+    ints = torch.arange(-5, 12)
+    torch.testing.assert_close(torch.polygamma(n, ints.to("pjrt")).cpu(), torch.polygamma(n, ints))
+    huge = torch.tensor([-1e30, -1e7, -16777216.0, -1000.5, 1e30, -inf, inf, nan])
+    for x in (huge, huge.double()):
+        torch.testing.assert_close(torch.polygamma(n, x.to("pjrt")).cpu(), torch.polygamma(n, x), equal_nan=True)
+
+
 @pytest.mark.parametrize("decimals", (0, 1, 2, 3, -1, -2))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64, torch.bfloat16), ids=str)
 def test_round_decimals(decimals, dtype):

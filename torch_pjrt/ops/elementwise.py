@@ -978,19 +978,23 @@ def _trigamma(x):
 
 def _polygamma_high(n, x):
     """psi_n(x), n >= 2, for any real x: psi_n(x) = psi_n(x + 1) - (-1)^n n! / x^(n+1) moves x
-    to 1 or above, where JAX's zeta series holds (CPU's zeta sums the same terms directly). n! is
-    exact here: jsp.polygamma's exp(lgamma(n + 1)) put float32 results ~1e-6 off CPU's."""
+    to 1 or above, where JAX's zeta series holds (CPU's zeta sums the same terms directly). The
+    poles (0, the negative integers, -inf) are CPU's infinities up front: stepping from a float too
+    large to change by 1 never ends. n! is exact: jsp.polygamma's exp(lgamma(n + 1)) put float32
+    results ~1e-6 off CPU's."""
     step = (-1) ** n * _m.factorial(n)
+    pole = (x <= 0) & (x == jnp.floor(x))
 
     def body(state):
         y, acc = state
-        low = (y < 1) & jnp.isfinite(y)
+        low = y < 1
         acc = acc + jnp.where(low, step / y ** (n + 1), jnp.zeros((), y.dtype))
         return jnp.where(low, y + 1, y), acc
 
-    y, acc = lax.while_loop(lambda st: jnp.any((st[0] < 1) & jnp.isfinite(st[0])), body, (x, jnp.zeros_like(x)))
-    at_minus_inf = jnp.asarray(-jnp.inf if n % 2 == 0 else jnp.inf, x.dtype)  # CPU's zeta(n + 1, -inf) = inf
-    return jnp.where(x == -jnp.inf, at_minus_inf, -step * jsp.zeta(jnp.asarray(n + 1, y.dtype), y) - acc)
+    start = jnp.where(pole, jnp.ones((), x.dtype), x)
+    y, acc = lax.while_loop(lambda st: jnp.any(st[0] < 1), body, (start, jnp.zeros_like(x)))
+    at_pole = jnp.asarray(-jnp.inf if n % 2 == 0 else jnp.inf, x.dtype)  # CPU's (-1)^(n+1) n! zeta(n + 1, pole)
+    return jnp.where(pole, at_pole, -step * jsp.zeta(jnp.asarray(n + 1, y.dtype), y) - acc)
 
 
 @lowering(aten.polygamma.default)
