@@ -318,12 +318,20 @@ def pow(self, exponent):
     return pointwise(_pow, self, exponent, name="pow", allowed="uifc")
 
 
-def _pow_by_scalar(x, e, static_e):
+def _pow_by_scalar(x, e, static_e, common):
     """torch's pow_tensor_scalar kernel: exponents 0.5, -0.5, -1 (and 2, 3, -2 for real
-    floats) take dedicated paths, so pow(-0., .5) = -0. and pow(-inf, .5) = NaN as in sqrt."""
+    floats) take dedicated paths, so pow(-0., .5) = -0. and pow(-inf, .5) = NaN as in sqrt.
+    For bfloat16 those products are bfloat16 products, each rounded (v * v * v is
+    bf16(bf16(v * v) * v)), as in CPU's kernel on both its vector and scalar paths: rounding
+    once put 20% of bfloat16 cubes an ulp off CPU's, and rsqrt's backward (result.pow(3))
+    past bfloat16's gradient tolerance."""
+    def product(a, b):
+        p = a * b
+        return cast(cast(p, common), p.dtype) if np.dtype(common) == np.dtype(jnp.bfloat16) else p
+
     special = [(0.5, jnp.sqrt), (-0.5, lax.rsqrt), (-1, lambda v: 1 / v)]
     if category(x.dtype) == "f":
-        special += [(2, lambda v: v * v), (3, lambda v: v * v * v), (-2, lambda v: 1 / (v * v))]
+        special += [(2, lambda v: v * v), (3, lambda v: product(product(v, v), v)), (-2, lambda v: 1 / product(v, v))]
     if static_e is not None:  # a constant exponent (compile path): choose while tracing
         for v, f in special:
             if static_e == v:
@@ -353,7 +361,7 @@ def pow_Tensor_Scalar(self, exponent):
         return cast(_int_pow_by(x, int(exponent)), result)
     if np.dtype(common) == np.float16:  # torch's float16 kernel is plain std::pow
         return cast(lax.pow(x, jnp.broadcast_to(e, x.shape)), result)
-    return cast(_pow_by_scalar(x, e, static_e), result)
+    return cast(_pow_by_scalar(x, e, static_e, common), result)
 
 
 @lowering(aten.pow.Scalar)
