@@ -161,7 +161,7 @@ def _scaled(b, alpha, common):
     """alpha * b as torch's CPU kernels round it: in the tensor dtype for 16-bit floats."""
     prod = b * alpha
     if category(common) == "f" and np.dtype(common).itemsize == 2:
-        prod = cast(cast(prod, common), prod.dtype)
+        prod = _to_compute(prod, common, prod.dtype)
     return prod
 
 
@@ -327,7 +327,7 @@ def _pow_by_scalar(x, e, static_e, common):
     past bfloat16's gradient tolerance."""
     def product(a, b):
         p = a * b
-        return cast(cast(p, common), p.dtype) if np.dtype(common) == np.dtype(jnp.bfloat16) else p
+        return _to_compute(p, common, p.dtype) if np.dtype(common) == np.dtype(jnp.bfloat16) else p
 
     special = [(0.5, jnp.sqrt), (-0.5, lax.rsqrt), (-1, lambda v: 1 / v)]
     if category(x.dtype) == "f":
@@ -459,8 +459,7 @@ def _regularized_gamma(lower: bool):
     def math(a, x):
         nan, one, zero = (jnp.full((), v, a.dtype) for v in (jnp.nan, 1.0, 0.0))
         at_zero_a, at_zero_x, at_inf_x = (one, zero, one) if lower else (zero, one, zero)
-        wide = jnp.promote_types(a.dtype, jnp.float64)
-        out = (jsp.gammainc if lower else jsp.gammaincc)(a.astype(wide), x.astype(wide)).astype(a.dtype)
+        out = (jsp.gammainc if lower else jsp.gammaincc)(a.astype(jnp.float64), x.astype(jnp.float64)).astype(a.dtype)
         out = jnp.where(jnp.isinf(x), at_inf_x, out)
         out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, one - at_inf_x), out)
         out = jnp.where(x == 0, at_zero_x, out)
