@@ -3,7 +3,7 @@ small device-generic file written here: outcomes paired across devices, a crash 
 the run resumed after it, a decorator's device restriction (or a dtype instantiated only for the CPU) kept out of the rate, an
 index error pjrt queues failing the test that queued it, a file's classes that are not
 device-generic counted nowhere, the foreach samples' flags the 2023 test_foreach pops, a package of test/ the file imports copied beside it, a 2023
-`super(self.__class__, self)` rewritten as meant, and a file that does not import reported with its error instead of a rate."""
+`super(self.__class__, self)` rewritten as meant, test_binary_ufuncs' class under its renamed name, and a file that does not import reported with its error instead of a rate."""
 import json
 import textwrap
 
@@ -170,3 +170,33 @@ def test_the_device_modules_legacy_storage_class_is_a_convention_only_for_the_sa
     assert pytorch_tests._by_convention(record)
     assert pytorch_tests._by_convention({**record, "message": record["message"].replace(
         "torch.FloatStorage'", "torch.DoubleStorage'")}) is None
+
+
+BINARY_2023 = '''
+import torch
+from torch.testing._internal.common_device_type import instantiate_device_type_tests, ops
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_utils import TestCase
+
+
+class TestBinaryUfuncs(TestCase):  # the 2023 name; today's OpInfo entries name TestBinaryUfuncsDevice
+    @ops([op for op in op_db if op.name == "pow" and not op.variant_test_name], allowed_dtypes=(torch.complex64,))
+    def test_reference_numerics(self, device, dtype, op):
+        # pow's entry widens this test's complex64 tolerance (atol 1e-4); the default is 1e-5
+        self.assertEqual(self.precision, 1e-4)
+
+
+instantiate_device_type_tests(TestBinaryUfuncs, globals())
+'''
+
+
+def test_the_2023_binary_ufuncs_class_takes_the_opinfo_decorators_of_its_renamed_class(tmp_path):
+    """test_binary_ufuncs' class is run under the name today's OpInfo entries give it, so their
+    tolerances, skips and expected failures apply to it on both devices."""
+    (tmp_path / "repo" / "test").mkdir(parents=True)
+    (tmp_path / "repo" / "test" / "test_binary_ufuncs.py").write_text(textwrap.dedent(BINARY_2023))
+    pytorch_tests.main(["--pytorch", str(tmp_path / "repo"), "--files", "test_binary_ufuncs", "--timeout", "120",
+                        "--json", str(tmp_path / "out.json")])
+    out = json.loads((tmp_path / "out.json").read_text())
+    result = out["results"]["test_binary_ufuncs"]
+    assert (result["cpu_passing"], result["pjrt_passing"]) == (1, 1), out["tests"]
