@@ -113,38 +113,46 @@ def test_the_store_can_be_turned_off(tmp_path):
 SAME_PROGRAM_TWICE = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp
+    import jax.monitoring
+    lowerings = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *a, **k: lowerings.append(name) if name == "/jax/core/compile/jaxpr_to_mlir_module_duration" else None)
     import torch, torch_pjrt
     from torch_pjrt.runtime import executable_store, fused, platform
-    rec = fused.Recordable(jax.jit(lambda x: jnp.sin(x.T) * 2), key="tests.sin_of_transpose")
     x = jax.device_put(jnp.linspace(-3, 3, 64 * 32, dtype=jnp.float32).reshape(64, 32), platform.device(0))
     treedef = jax.tree_util.tree_structure((x,))
     got = []
-    for _ in range(2):  # the second time from JAX's in-memory cache: the store's memo is forgotten
-        got.append(executable_store.executable(("sin_t",), rec, (), treedef, [x.aval], [x])(x).tolist())
-        executable_store._memo.clear()
+    for key in ("first", "second"):  # two signatures of one program: the second from JAX's in-memory cache
+        rec = fused.Recordable(jax.jit(lambda x: jnp.sin(x.T) * 2), key=f"tests.sin_of_transpose.{key}")
+        lowerings.clear()
+        got.append(executable_store.executable((key,), rec, (), treedef, [x.aval], [x])(x).tolist())
+        got.append(len(lowerings))
     print("RESULT" + json.dumps({"got": got, "expected": (jnp.sin(x.T) * 2).tolist()}))
 """)
 
 
-def test_only_what_xla_compiled_afresh_is_kept(tmp_path):
-    """An executable JAX gave from a cache of its own serializes without its kernels' object code
+def test_what_jax_cached_elsewhere_is_compiled_afresh_and_kept(tmp_path):
+    """An executable JAX gives from a cache of its own serializes without its kernels' object code
     (XLA:CPU, jax 0.10: another process fails running it, "Function transpose_copy_fusion not
-    found"), also when it is JAX's in-memory copy of one read from its persistent cache (met
-    again under another signature, or after the store forgot its own): none is kept."""
+    found"), so only what XLA compiled in this process is kept. A program JAX's persistent cache
+    holds from elsewhere (here a process with the store off; after an upgrade, the earlier version)
+    is compiled afresh for the store (JAX's cache keys it by the store's namespace) and kept: a later
+    process runs it without lowering. JAX's in-memory copy of it (the same program under another
+    signature) is not kept."""
     def run(**settings):
         out = subprocess.run([sys.executable, "-c", SAME_PROGRAM_TWICE], env=_env(tmp_path, **settings),
                              capture_output=True, text=True, timeout=300)
         assert "RESULT" in out.stdout, out.stderr[-3000:]
         result = json.loads(out.stdout.split("RESULT")[-1])
-        for got in result["got"]:
-            assert got == result["expected"]
-        return result
+        assert result["got"][0] == result["got"][2] == result["expected"]
+        return result["got"][1], result["got"][3]  # each signature's lowerings
 
-    run(TORCH_PJRT_EXECUTABLE_STORE="0")  # compiled: JAX's cache holds it
-    run()  # read from JAX's cache, then taken from its memory: neither kept
-    kept = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
-    assert kept == [], f"{len(kept)} executables kept that XLA did not compile in that process"
-    run()
+    def kept():
+        return [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+
+    assert run(TORCH_PJRT_EXECUTABLE_STORE="0") == (1, 1)  # compiled once (the second from memory): JAX's caches hold it
+    assert run() == (1, 1) and len(kept()) == 1  # the first signature compiled afresh and kept; not the second
+    assert run() == (0, 1) and len(kept()) == 1  # the first read from the store; the second from JAX's cache again
 
 
 LOOP = textwrap.dedent("""

@@ -14,6 +14,9 @@ the platform). Keys are pickles: two calls share an entry only when everything t
 trace pickles to the same bytes; anything that does not pickle is not kept. A region that compiles
 (its second sight) is kept the same way, keyed by its calls' keys and wiring, the outputs it keeps,
 the inputs it donates and their abstract values: a later process runs it compiled at first sight.
+What it keeps is what XLA compiled in that process, keyed in JAX's persistent cache apart from the
+same program compiled without the store (`_compile`): after an upgrade, JAX's cache would otherwise
+answer for every program and the store would stay empty.
 
 Only op-table kernels (a Recordable with a `key`) on pjrt:0 of a one-process job are kept, with
 operands on that device; a user's lowerings and other devices go through JAX as before. A load
@@ -81,10 +84,25 @@ jax.monitoring.register_event_listener(_on_event)
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
-def _compile(lowered):
-    """`lowered` compiled, and whether XLA compiled it just now (no cache of JAX's gave it)."""
+def _compile(lowered, keep: bool):
+    """`lowered` compiled, and whether XLA compiled it just now (no cache of JAX's gave it).
+
+    One to `keep` is compiled with an option of this store's namespace, which JAX's persistent
+    cache keys by: a program that cache holds from elsewhere (an earlier version of this package,
+    whose namespace differs, or a process with the store off) is compiled afresh here, once, and
+    can be kept. Left to hit that cache it never would be, and every later process would trace and
+    lower it again. The option changes nothing XLA builds (how many buffers a debug dump lists)."""
     _compiling.fresh = None
-    compiled = lowered.compile()
+    namespace = _state.get("namespace") if keep else None
+    if namespace is None:
+        return lowered.compile(), _compiling.fresh is True
+    try:
+        compiled = lowered.compile(compiler_options={"xla_debug_buffer_assignment_show_max": namespace})
+    except Exception as refused:  # noqa: BLE001  (a PJRT plugin that takes no XLA debug options?)
+        _compiling.fresh = None
+        compiled = lowered.compile()  # raises the program's own error, if it has one
+        log.debug("pjrt: the executable store's compile option was refused (%s); compiling without it", refused)
+        _state["namespace"] = None
     return compiled, _compiling.fresh is True
 
 
@@ -121,6 +139,7 @@ def _folder() -> Path | None:
                  getattr(devices[0].client, "platform_version", ""))
         name = hashlib.sha256(repr(world).encode()).hexdigest()[:32]
         folder = _root() / name
+        _state["namespace"] = int(name[:12], 16)
         compilation_cache.tidy(folder)
     _state["folder"] = folder
     return folder
@@ -199,7 +218,7 @@ def executable(memo_key, rec, statics, treedef, avals, full: list) -> Callable:
                 rec.loaded(full)
             return run
     lowered = rec.fn.lower(*full)
-    compiled, fresh = _compile(lowered)
+    compiled, fresh = _compile(lowered, keep=path is not None)
     out_leaves, out_treedef = jax.tree_util.tree_flatten(compiled.out_info)
     out_avals = tuple(jax.core.ShapedArray(o.shape, o.dtype, weak_type=getattr(o, "weak_type", False))
                       for o in out_leaves)
@@ -239,7 +258,7 @@ def region_executable(calls: list, live: tuple, donate: tuple, inputs: list, bui
     if path is None:
         return build()
     lowered = build().lower(*inputs)
-    compiled, fresh = _compile(lowered)
+    compiled, fresh = _compile(lowered, keep=True)
     if fresh and _keepable(lowered):
         _write(path, compiled, None, ())
     return compiled
