@@ -431,6 +431,13 @@ def test_gcd_lcm():
         check(op, a, b)
         check(op, a.int(), b.int())
         check(op, a.abs().to(torch.uint8), b.abs().to(torch.uint8))
+    # an lcm past the type's range: CPU takes |a / gcd * b| in C++'s int for 8- and 16-bit integers,
+    # then wraps (lcm(1113, 10701) in int16 is -27625 there; |wrapped| would be 27625)
+    big_a = torch.tensor([1113, -1113, 1113, 300, -97, 120])
+    big_b = torch.tensor([10701, 10701, -10701, 7, 89, 98])
+    for dtype in (torch.int16, torch.int8, torch.uint8, torch.int32):
+        check(aten.lcm.default, big_a.to(dtype), big_b.to(dtype))
+    check(aten.lcm.default, torch.tensor([2**40 + 1, -(2**40 + 1)]), torch.tensor([2**30 + 3, 2**30 + 3]))
 
 
 def test_heaviside():

@@ -603,9 +603,14 @@ def _gcd(a, b):
 
 
 def _lcm(a, b):
+    # CPU's |a / gcd * b| in C++'s int for 8- and 16-bit integers (their arithmetic promotes), so
+    # an overflowing product takes its absolute value before it wraps to the narrow type
+    narrow = a.dtype
+    if jnp.dtype(narrow).itemsize < 4:
+        a, b = a.astype(jnp.int32), b.astype(jnp.int32)
     g = jnp.gcd(a, b)
     safe = jnp.where(g == 0, jnp.ones((), g.dtype), g)
-    return jnp.where(g == 0, _zero(a), jnp.abs(lax.div(a, safe) * b))
+    return jnp.where(g == 0, _zero(a), jnp.abs(lax.div(a, safe) * b)).astype(narrow)
 
 
 gcd = define("gcd", _gcd, allowed="ui")
