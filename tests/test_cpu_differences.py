@@ -1882,3 +1882,26 @@ def test_igamma_of_large_close_arguments_as_accurate_as_cpu(op):
     a, x = v.unsqueeze(-1), v.unsqueeze(0)
     for other in (x, a, 0.5 * a, 2.0 * a):
         torch.testing.assert_close(op(a.to("pjrt"), other.to("pjrt")).cpu(), op(a, other))
+
+
+# --------------------------------------------------------------------------- division with a rounding mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_division_with_rounding_as_cpu(dtype, mode):
+    """CPU divides 16-bit floats by a tensor in their own arithmetic, each step rounded
+    (trunc(1 / bfloat16(0.1001)) is 10 there, not 9), and by a one-element divisor in float at
+    the divisor's full precision; pjrt computed every case in float (16% of random bfloat16
+    truncated quotients differed). A broadcast divisor divides (XLA would multiply by 1 / b:
+    float32 53.1531 // 0.1001 truncated to 530 where CPU gives 531)."""
+    gen = torch.Generator().manual_seed(0)
+    a = (torch.randn(20000, generator=gen) * 50).to(dtype)
+    b = torch.randn(20000, generator=gen).to(dtype)
+    a[:6] = torch.tensor([1.0, -1.0, 0.0, float("inf"), float("nan"), 53.153099060058594])
+    b[:6] = torch.tensor([0.10009765625, 0.0, 0.0, 2.0, 1.0, 3.0])
+    rows, row = (torch.randn(200, 100, generator=gen) * 50).to(dtype), torch.randn(1, 100, generator=gen).to(dtype)
+    pairs = [(a, b), (rows, row), (a, 0.1001), (a, torch.tensor(0.30078125, dtype=dtype)),
+             (a, torch.tensor([0.30078125], dtype=dtype))]
+    for x, y in pairs:
+        _same_as_cpu(lambda d: torch.div(x.to(d), y.to(d) if isinstance(y, torch.Tensor) else y, rounding_mode=mode))
+    if mode == "floor":
+        _same_as_cpu(lambda d: torch.floor_divide(a.to(d), b.to(d)))

@@ -157,12 +157,18 @@ def _check_alpha(common, alpha):
 # binary arithmetic
 
 
+def _rounded(x, common):
+    """x rounded to `common` and back where CPU's kernels compute in a 16-bit float's own
+    arithmetic (c10::Half / BFloat16 operators round each operation's result); x otherwise
+    (and where `common` is None)."""
+    if common is not None and np.dtype(common) in _REDUCED_FLOATS:
+        return _to_compute(x, common, x.dtype)
+    return x
+
+
 def _scaled(b, alpha, common):
     """alpha * b as torch's CPU kernels round it: in the tensor dtype for 16-bit floats."""
-    prod = b * alpha
-    if category(common) == "f" and np.dtype(common).itemsize == 2:
-        prod = _to_compute(prod, common, prod.dtype)
-    return prod
+    return _rounded(b * alpha, common)
 
 
 @lowering(aten.add.Tensor, aten.add.Scalar, scalar_fits="alpha")
@@ -216,24 +222,41 @@ def mul(self, other):
     return pointwise(lambda a, b: a & b if a.dtype == np.bool_ else a * b, self, other, opmath_other=True)
 
 
-def _div_trunc(a, b):
+# Division with rounding of 16-bit floats by a tensor rounds each step to the dtype, as CPU's
+# kernels compute it in the dtype's own arithmetic: trunc(1 / bfloat16(0.1001)) is
+# trunc(bfloat16(9.99)) = 10 there, and floor division differs from floor-of-float in about 4% of
+# random bfloat16 quotients. `common` None: in the computation dtype.
+def _div_trunc(a, b, common):
     if _is_float(a):
-        return jnp.trunc(a / b)
+        return jnp.trunc(_rounded(a / b, common))
     return lax.div(a, b)  # C division truncates
 
 
-def _div_floor(a, b):
+def _div_floor(a, b, common):
     if not _is_float(a):
         q, r = lax.div(a, b), lax.rem(a, b)
         return jnp.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
     # c10::div_floor_floating: Python's algorithm, exact where floor(a / b) is not
     mod = lax.rem(a, b)
-    div = (a - mod) / b
-    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    div = _rounded(_rounded(a - mod, common) / b, common)
+    div = jnp.where((mod != 0) & ((b < 0) != (mod < 0)), _rounded(div - 1, common), div)
     floordiv = jnp.floor(div)
-    floordiv = jnp.where(div - floordiv > 0.5, floordiv + 1, floordiv)
+    floordiv = jnp.where(_rounded(div - floordiv, common) > 0.5, _rounded(floordiv + 1, common), floordiv)
     floordiv = jnp.where(div == 0, jnp.copysign(_zero(a), a / b), floordiv)
     return jnp.where(b == 0, a / b, floordiv)
+
+
+def _rounding_division(math, name, self, other):
+    """div with a rounding mode, and floor_divide, as CPU's kernels: a divisor of one element
+    (TensorIterator's is_scalar) divides in float, read at full precision; a 16-bit float divides
+    by a tensor in its own arithmetic. A broadcast divisor stays a divisor (_true_divide_by_broadcast)."""
+    common = None if jnp.size(other) == 1 else dtypes(self, other)[0]
+    broadcast = jnp.shape(other) != jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))
+
+    def divide(a, b):
+        return math(a, lax.optimization_barrier(b) if broadcast else b, common)
+
+    return pointwise(divide, self, other, name=name, allowed="uif", opmath_other=True)
 
 
 def _true_divide_by_broadcast(a, b):
@@ -251,9 +274,9 @@ def div(self, other, *, rounding_mode=None):
         math = _true_divide_by_broadcast if broadcast else operator.truediv
         return pointwise(math, self, other, kind=INT_TO_FLOAT, opmath_other=True)
     if rounding_mode == "trunc":
-        return pointwise(_div_trunc, self, other, name="div_trunc", allowed="uif", opmath_other=True)
+        return _rounding_division(_div_trunc, "div_trunc", self, other)
     if rounding_mode == "floor":
-        return pointwise(_div_floor, self, other, name="div_floor", allowed="uif", opmath_other=True)
+        return _rounding_division(_div_floor, "div_floor", self, other)
     raise ValueError(
         f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'"
     )
@@ -261,7 +284,7 @@ def div(self, other, *, rounding_mode=None):
 
 @lowering(aten.floor_divide.default, aten.floor_divide.Scalar, tests=TestCases(nonzero_divisor=True))
 def floor_divide(self, other):
-    return pointwise(_div_floor, self, other, name="floor_divide", allowed="uif", opmath_other=True)
+    return _rounding_division(_div_floor, "floor_divide", self, other)
 
 
 def _remainder(a, b):
