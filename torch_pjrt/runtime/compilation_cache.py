@@ -7,7 +7,8 @@ too). The versions folder names jax, torch and torch-pjrt and a digest of torch-
 so upgrading any of them, or editing the source, starts a new cache (JAX's own key covers the
 program, jax and XLA; ours adds what lowers to them). The op executable store
 (executable_store.py) keeps only executables compiled afresh, keyed apart in this cache by a
-compile option of its own, so it fills whatever this cache holds. Folders unused for STALE_DAYS, or beyond the KEEP most recently used, are deleted.
+compile option of its own, so it fills whatever this cache holds. Folders unused for STALE_DAYS,
+or beyond the KEEP most recently used, are deleted.
 `TORCH_PJRT_COMPILE_CACHE=0` turns it off. Executables that compiled in less than
 `TORCH_PJRT_COMPILE_CACHE_MIN_SECONDS` (default 0: an eager op's executable compiles in
 tens of milliseconds and reads back in about one) are not stored. A cache directory the user
