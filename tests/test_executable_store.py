@@ -275,3 +275,18 @@ def test_a_call_an_earlier_process_accepted_is_not_refused_when_its_region_compi
         assert "RESULT" in out.stdout, out.stderr[-3000:]
         run = json.loads(out.stdout.split("RESULT")[-1])
         assert run["got"] == run["expected"]
+
+
+def test_a_platform_that_refuses_the_store_option_compiles_without_it(monkeypatch):
+    """A PJRT plugin that takes no such XLA option ("No such compile option") gets the plain compile,
+    and the store stops asking; an option XLA knows nothing of stands in for that plugin here."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_pjrt.runtime import executable_store
+
+    monkeypatch.setattr(executable_store, "_NAMESPACE_OPTION", "xla_no_such_option_of_torch_pjrt")
+    monkeypatch.setitem(executable_store._state, "namespace", 12345)
+    compiled, _ = executable_store._compile(jax.jit(lambda x: x * 2).lower(jnp.ones(3)), keep=True)
+    assert compiled(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    assert executable_store._state["namespace"] is None

@@ -97,13 +97,19 @@ def _compile(lowered, keep: bool):
     if namespace is None:
         return lowered.compile(), _compiling.fresh is True
     try:
-        compiled = lowered.compile(compiler_options={"xla_debug_buffer_assignment_show_max": namespace})
-    except Exception as refused:  # noqa: BLE001  (a PJRT plugin that takes no XLA debug options?)
-        _compiling.fresh = None
-        compiled = lowered.compile()  # raises the program's own error, if it has one
+        compiled = lowered.compile(compiler_options={_NAMESPACE_OPTION: namespace})
+    except jax.errors.JaxRuntimeError as refused:
+        if _NAMESPACE_OPTION not in str(refused):
+            raise  # the program's own error
+        # a PJRT plugin that takes no such XLA option ("No such compile option"): compiled without
         log.debug("pjrt: the executable store's compile option was refused (%s); compiling without it", refused)
         _state["namespace"] = None
+        _compiling.fresh = None
+        compiled = lowered.compile()
     return compiled, _compiling.fresh is True
+
+
+_NAMESPACE_OPTION = "xla_debug_buffer_assignment_show_max"
 
 
 _OFF, _ON = ("0", "false", "off", "no"), ("", "1", "true", "on", "yes")
