@@ -16,7 +16,6 @@ ZeroDivisionError, and an integer tensor to a negative integer Scalar power retu
 torch's tensor-exponent result (0, 1 or -1) instead of raising.
 """
 from __future__ import annotations
-import operator
 
 import math as _m
 import jax
@@ -246,33 +245,31 @@ def _div_floor(a, b, common):
     return jnp.where(b == 0, a / b, floordiv)
 
 
+def _kept_divisor(self, other):
+    """How a division keeps its divisor `other`: for one broadcast from a smaller shape (a Python
+    scalar, a 0-d tensor, a row), XLA's algebraic simplifier rewrites a / broadcast(b) into
+    a * broadcast(1 / b), which is 1 ulp off in most elements; CPU torch divides (so does IEEE), and
+    a barrier keeps the divisor an operand of a true division, at the cost of materializing it."""
+    if jnp.shape(other) == jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other)):
+        return lambda b: b
+    return lax.optimization_barrier
+
+
 def _rounding_division(math, name, self, other):
     """div with a rounding mode, and floor_divide, as CPU's kernels: a divisor of one element
     (TensorIterator's is_scalar) divides in float, read at full precision; a 16-bit float divides
-    by a tensor in its own arithmetic. A broadcast divisor stays a divisor (_true_divide_by_broadcast)."""
+    by a tensor in its own arithmetic."""
     common = None if jnp.size(other) == 1 else dtypes(self, other)[0]
-    broadcast = jnp.shape(other) != jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))
-
-    def divide(a, b):
-        return math(a, lax.optimization_barrier(b) if broadcast else b, common)
-
-    return pointwise(divide, self, other, name=name, allowed="uif", opmath_other=True)
-
-
-def _true_divide_by_broadcast(a, b):
-    """a / b for a divisor broadcast from a smaller shape (a Python scalar, a 0-d tensor, a row):
-    XLA's algebraic simplifier rewrites a / broadcast(b) into a * broadcast(1 / b), which is 1 ulp
-    off in most elements. CPU torch divides (so does IEEE); the barrier keeps the divisor an
-    operand of a true division, at the cost of materializing it."""
-    return a / lax.optimization_barrier(b)
+    kept = _kept_divisor(self, other)
+    return pointwise(lambda a, b: math(a, kept(b), common), self, other, name=name, allowed="uif",
+                     opmath_other=True)
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(self, other, *, rounding_mode=None):
     if rounding_mode is None:
-        broadcast = jnp.shape(other) != jnp.broadcast_shapes(jnp.shape(self), jnp.shape(other))
-        math = _true_divide_by_broadcast if broadcast else operator.truediv
-        return pointwise(math, self, other, kind=INT_TO_FLOAT, opmath_other=True)
+        kept = _kept_divisor(self, other)
+        return pointwise(lambda a, b: a / kept(b), self, other, kind=INT_TO_FLOAT, opmath_other=True)
     if rounding_mode == "trunc":
         return _rounding_division(_div_trunc, "div_trunc", self, other)
     if rounding_mode == "floor":

@@ -84,6 +84,10 @@ jax.monitoring.register_event_listener(_on_event)
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
+# the store's compile option: a debug option that changes nothing XLA builds (`_compile`)
+_NAMESPACE_OPTION = "xla_debug_buffer_assignment_show_max"
+
+
 def _compile(lowered, keep: bool):
     """`lowered` compiled, and whether XLA compiled it just now (no cache of JAX's gave it).
 
@@ -107,9 +111,6 @@ def _compile(lowered, keep: bool):
         _compiling.fresh = None
         compiled = lowered.compile()
     return compiled, _compiling.fresh is True
-
-
-_NAMESPACE_OPTION = "xla_debug_buffer_assignment_show_max"
 
 
 _OFF, _ON = ("0", "false", "off", "no"), ("", "1", "true", "on", "yes")
