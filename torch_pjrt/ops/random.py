@@ -7,6 +7,7 @@ import math
 import types
 
 import jax
+import jax.extend.random
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -20,8 +21,55 @@ lowering = family(not_paddable="its draws depend on the padded shape")
 aten = torch.ops.aten
 
 
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k1, k2, x1, x2):
+    """Threefry-2x32, 20 rounds (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"),
+    the hash of JAX's default PRNG, written out round by round. JAX lowers it on the CPU as a
+    5-iteration loop, which XLA:CPU compiles into ~20 small kernels: 300-400 ms per new shape
+    here, and every new shape of a random op compiles it again. Written out it is one fused
+    kernel: 4-5x less compile time and about 3x faster at 4M draws; the bits are the same."""
+    ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+    x1, x2 = x1 + ks[0], x2 + ks[1]
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x1 = x1 + x2
+            x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
+        x1 = x1 + ks[(block + 1) % 3]
+        x2 = x2 + ks[(block + 2) % 3] + np.uint32(block + 1)
+    return x1, x2
+
+
+def _random_bits(key_data, bit_width: int, shape):
+    """JAX's partitionable threefry bits: the hash of each element's 64-bit index, as two
+    uint32 words; 32 bits are their xor, 64 their concatenation, 8 and 16 the xor's low bits."""
+    size = math.prod(shape)
+    index = jax.lax.iota(jnp.uint64 if size > 2**32 else jnp.uint32, size).reshape(shape)
+    high = (index >> 32).astype(jnp.uint32) if size > 2**32 else jnp.zeros(shape, jnp.uint32)
+    bits1, bits2 = _threefry2x32(key_data[0], key_data[1], high, index.astype(jnp.uint32))
+    if bit_width == 64:
+        return (bits1.astype(jnp.uint64) << np.uint64(32)) | bits2.astype(jnp.uint64)
+    return (bits1 ^ bits2).astype(f"uint{bit_width}")
+
+
+def _as_threefry(method):
+    """One of JAX's threefry key operations on raw key data (seeding, split, fold_in: key-sized)."""
+    def on_data(key_data, *args):
+        keys = method(jax.random.wrap_key_data(key_data, impl="threefry2x32"), *args)
+        return jax.random.key_data(keys)
+    return on_data
+
+
+# JAX's threefry2x32 PRNG (the same streams), its bits drawn by the written-out hash above
+_THREEFRY = jax.extend.random.define_prng_impl(
+    key_shape=(2,), seed=lambda seed: jax.random.key_data(jax.random.key(seed, impl="threefry2x32")),
+    split=_as_threefry(jax.random.split), random_bits=_random_bits, fold_in=_as_threefry(jax.random.fold_in),
+    name="threefry2x32_unrolled", tag="fru")
+
+
 def key(seed) -> jax.Array:
-    return jax.random.key(seed.astype(jnp.uint32) ^ (seed >> 32).astype(jnp.uint32))
+    return jax.random.key(seed.astype(jnp.uint32) ^ (seed >> 32).astype(jnp.uint32), impl=_THREEFRY)
 
 
 def _float_dtype(x):
