@@ -24,7 +24,7 @@ def _release_executables_between_tests():
     (tests that count builds then rarely meet a release; tests/budget.py covers the rest)."""
     from torch_pjrt.runtime import executable_budget
 
-    executable_budget.release_at_boundary(0.35)
+    executable_budget.release_at_boundary(0.7)
     yield
 
 

@@ -13,7 +13,7 @@ from torch_pjrt.runtime import executable_budget
 def tiny_budget(monkeypatch):
     # our own module's knobs: check at every build, and any process is over budget
     monkeypatch.setattr(executable_budget, "CHECK_EVERY", 1)
-    monkeypatch.setattr(executable_budget, "MAX_MAP_FRACTION", 0.0)
+    monkeypatch.setattr(executable_budget, "_BUDGET", 0)
     yield
     executable_budget._state["due"] = False
 
@@ -26,7 +26,7 @@ def _work(device, n):
     return out
 
 
-linux_only = pytest.mark.skipif(executable_budget.maps() is None or executable_budget._LIMIT is None,
+linux_only = pytest.mark.skipif(executable_budget.maps() is None or executable_budget._BUDGET is None,
                                 reason="the map budget exists where Linux reports the process's maps and its limit")
 
 
@@ -75,3 +75,24 @@ def test_a_cpp_kernel_call_is_a_safe_point():
         executable_budget._state["due"] = False
     assert executable_budget.released() == before + 1
     assert y.cpu().tolist() == [2.0] * 4
+
+
+@linux_only
+def test_the_budget_bounds_the_memory_executables_hold():
+    """Each small XLA:CPU executable maps ~11 regions and keeps ~3 MB: half of vm.max_map_count
+    alone would let a process hold ~9 GB of them (a harness process of PyTorch's tests reached
+    10.5 GB). The budget is the lower of that and MEMORY_FRACTION of the machine's memory."""
+    import jax
+    import jax.numpy as jnp
+
+    memory = executable_budget._physical_memory()
+    by_memory = executable_budget.MEMORY_FRACTION * memory / executable_budget.BYTES_PER_MAP
+    assert executable_budget._BUDGET == int(min(by_memory, executable_budget.MAX_MAP_FRACTION * executable_budget._map_limit()))
+    held = executable_budget.maps()
+    fns = [jax.jit(lambda x, i=i: jnp.tanh(x) * i) for i in range(100)]
+    for f in fns:
+        f(jnp.ones(3)).block_until_ready()
+    per_executable = (executable_budget.maps() - held) / 100
+    # the estimate behind BYTES_PER_MAP: executables' maps within the budget hold about
+    # MEMORY_FRACTION of the memory (3 MB each, measured: 11 maps)
+    assert 3 <= per_executable <= 20, per_executable

@@ -185,7 +185,10 @@ def test_a_region_an_earlier_process_compiled_runs_compiled_at_its_first_sight(t
     first, second = runs
     for run in runs:
         _close(run["got"], run["expected"])
-        assert run["got"] == first["got"]
+    # iteration 0 runs op by op in both; iteration 1 runs op by op in the first process and compiled in
+    # the second, where XLA may contract a * b + c into an FMA (docs/eager.md, "Numerics"): 1 ulp apart
+    # on some CPUs, and iteration 2 starts from there
+    assert second["got"][0] == first["got"][0]
     # iteration 0's region (with linspace) is seen once; iterations 1 and 2 share one structure
     assert first["recent"] == ["first sight", "first sight", "compiled"]
     assert first["compiles"] == 1 and first["store_hits"] == 0

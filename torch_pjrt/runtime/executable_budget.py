@@ -7,14 +7,22 @@ with changing sizes, a test suite) so accumulates thousands of them. Each XLA:CP
 (65530 by default), and when a map fails XLA crashes instead of raising: the process segfaults in
 its next compile or persistent-cache load (tests/ops met it after about 7000 executables).
 
+Maps also stand for memory: a small XLA:CPU program maps about 11 regions and keeps about 3 MB
+resident (measured here: 300 tiny jitted programs, 3.2 MB and 11.4 maps each), so half of the map
+limit is ~2900 executables and ~9 GB (a harness process of PyTorch's tests grew to 10.5 GB). The
+budget is the lower of `MAX_MAP_FRACTION` of the map limit and the maps that hold
+`MEMORY_FRACTION` of the machine's memory at `BYTES_PER_MAP` each (24 GiB: ~12,000 maps, ~1000
+executables, ~3 GB).
+
 So every executable built (JAX's backend-compile event: compiled, or read from the persistent
-cache) is counted; every `CHECK_EVERY` builds the process's maps are counted, and past
-`MAX_MAP_FRACTION` of the limit, at the next safe point (Python between calls: a fused region's
-run, a Python kernel, a compiled graph's call), `jax.clear_caches()` drops every in-memory
-executable. Those still in use are built again on their next call, from the persistent cache in
+cache) is counted; every `CHECK_EVERY` builds the process's maps are counted, and past the budget,
+at the next safe point (Python between calls: a fused region's run, a Python kernel, a compiled
+graph's call), `jax.clear_caches()` drops every in-memory executable. Those still in use are built again on their next call, from the persistent cache in
 about a millisecond each. `released()` says how many times it happened (eager_stats reports it).
 """
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.monitoring
@@ -27,6 +35,8 @@ except ImportError:  # our safe points are outside traces anyway
 
 CHECK_EVERY = 256
 MAX_MAP_FRACTION = 0.5
+MEMORY_FRACTION = 1 / 8
+BYTES_PER_MAP = 256 * 1024
 
 _state = {"built": 0, "due": False, "released": 0, "looked_at": 0}
 _releases: list = []  # other holders of executables (executable_store's), dropped with JAX's
@@ -52,7 +62,24 @@ def _map_limit() -> int | None:
         return None
 
 
-_LIMIT = _map_limit()
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def _map_budget() -> int | None:
+    """The maps this process may hold before it drops its executables (None: not Linux)."""
+    limit = _map_limit()
+    if limit is None:
+        return None
+    memory = _physical_memory()
+    by_memory = MEMORY_FRACTION * memory / BYTES_PER_MAP if memory else limit
+    return int(min(MAX_MAP_FRACTION * limit, by_memory))
+
+
+_BUDGET = _map_budget()
 
 
 def maps() -> int | None:
@@ -73,9 +100,9 @@ def _on_build(name: str, seconds: float, **_) -> None:
     if name != BUILD_EVENT:
         return
     _state["built"] += 1
-    if _LIMIT is not None and _state["built"] % CHECK_EVERY == 0:
+    if _BUDGET is not None and _state["built"] % CHECK_EVERY == 0:
         held = maps()
-        if held is not None and held > MAX_MAP_FRACTION * _LIMIT:
+        if held is not None and held > _BUDGET:
             _state["due"] = True
 
 
@@ -93,13 +120,13 @@ def release_if_due() -> None:
 
 def release_at_boundary(fraction: float) -> None:
     """Where the caller has a natural boundary (a test suite between two tests), release already
-    past `fraction` of the map limit, below the mid-run threshold, so that a release rarely falls
-    inside a run that counts its builds. Reads the maps only after CHECK_EVERY/4 builds."""
-    if _LIMIT is None or _state["built"] - _state["looked_at"] < CHECK_EVERY // 4:
+    past `fraction` of the budget, so that a release rarely falls inside a run that counts its
+    builds. Reads the maps only after CHECK_EVERY/4 builds."""
+    if _BUDGET is None or _state["built"] - _state["looked_at"] < CHECK_EVERY // 4:
         return
     _state["looked_at"] = _state["built"]
     held = maps()
-    if held is not None and held > fraction * _LIMIT and _no_trace():
+    if held is not None and held > fraction * _BUDGET and _no_trace():
         _state["due"] = False
         _release()
 
