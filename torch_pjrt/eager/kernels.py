@@ -761,7 +761,7 @@ def register(special: dict) -> None:
         inplace, outs = _variants(op)
         if inplace is not None and inplace not in LOWERINGS and not _composite_implicit(inplace):
             kernels[inplace] = InplaceKernel(inplace, functional)
-        if not lowering.own_gradient and _composite_implicit(op) or lowering.decomposition is not None:
+        if not lowering.over_composite and _composite_implicit(op) or lowering.decomposition is not None:
             # a composite keeps its autograd; its in-place form, where torch does not decompose it
             # (conj_physical_ reaches a DispatchStub), takes the functional's kernel. An entry's
             # `decomposition` serves eager in place of a kernel (eager/fallback.py: native_batch_norm,

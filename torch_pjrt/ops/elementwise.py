@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from jax import lax
 from ..dtypes import to_torch
+from . import promotion
 from .promotion import KIND, cast, promote
 from .registry import family, NO_TEST_CASES, POINTWISE, SAME, TestCases
 from .signature import TENSOR, Signature
@@ -716,6 +717,28 @@ isfinite = define("isfinite", jnp.isfinite, kind=ALWAYS_BOOL)
 isposinf = define("isposinf", jnp.isposinf, kind=ALWAYS_BOOL, allowed="buif")
 isneginf = define("isneginf", jnp.isneginf, kind=ALWAYS_BOOL, allowed="buif")
 signbit = define("signbit", _signbit, kind=ALWAYS_BOOL, allowed="buif")
+
+
+@lowering(aten.isclose.default, over_composite="its result is bool: no gradient")
+def isclose(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """ATen's composite isclose as one call, op for op through the table's lowerings (so with the
+    same roundings): |self - other| <= atol + |rtol * other|, where finite, or equal (and NaN with
+    NaN under equal_nan). Every `assert_close` on the device computes it: as twelve eager calls it
+    built twelve executables per new shape. Bad arguments raise; eager's oracle raises CPU's error."""
+    if self.dtype != other.dtype or rtol < 0 or atol < 0:
+        raise TypeError("isclose: arguments CPU refuses")
+    close = eq(self, other)
+    if equal_nan and category(self.dtype) in "fc":
+        close = bitwise_or(close, bitwise_and(isnan(self), isnan(other)))
+    if rtol == 0 and atol == 0:
+        return close
+    if self.dtype == np.bool_:
+        self = cast(self, promotion.default_float())
+    if category(other.dtype) in "bui":  # the difference in a float: uint8's would wrap
+        other = cast(other, promotion.default_float())
+    allowed_error = add(abs(mul(other, rtol)), atol)
+    actual_error = abs(sub(self, other))
+    return bitwise_or(close, bitwise_and(isfinite(actual_error), le(actual_error, allowed_error)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -404,7 +404,8 @@ def _rms_eps(eps, computation_dtype):
     return float(np.finfo(np.float32 if single else np.float64).eps)
 
 
-@lowering(aten._fused_rms_norm.default, own_gradient=True)
+@lowering(aten._fused_rms_norm.default,
+          over_composite="torch differentiates it with FusedRmsNormBackward0 once a backend has a kernel")
 def _fused_rms_norm(input, normalized_shape, weight, eps):
     """rms_norm as one call (torch's decomposition, in the accumulation dtype): (output, rstd)."""
     if not jnp.issubdtype(input.dtype, jnp.inexact):  # the meta kernel accepts it: CPU names the error (eager's oracle)

@@ -158,10 +158,11 @@ class Lowering:
     in_range: Callable[[list], bool] | None = None
     # (name, rule) per argument passed as a Split: traced value, static part rule(value) (see the top)
     split: tuple = ()
-    # A CompositeImplicitAutograd op that torch differentiates with a formula of its own once a
-    # backend has a kernel for it (CUDA's and MPS's fused kernels; `_fused_rms_norm`): eager
-    # registers this lowering as its kernel, one call instead of the decomposition's calls.
-    own_gradient: bool = False
+    # Why eager registers this lowering as the kernel of a CompositeImplicitAutograd op, one call
+    # instead of its decomposition's ("": it does not). Sound where autograd needs no decomposition:
+    # torch differentiates the op with a formula of its own once a backend has a kernel for it
+    # (CUDA's and MPS's fused kernels; `_fused_rms_norm`), or its result takes no gradient (isclose).
+    over_composite: str = ""
     # An op that resizes its out= tensor itself (CPU's range factories: linspace, logspace, arange):
     # eager resizes out without torch's generic "An output with one or more elements was resized"
     # warning (CPU's linspace says nothing; arange warns in its own words, from its `in_range`).
@@ -187,7 +188,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              jit_for_integer_indices: bool = False, decomposition: Callable | None = None,
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
              in_range: Callable | None = None, split: dict | None = None,
-             own_gradient: bool = False, resizes_out: bool = False, scalar_fits: str | tuple = (),
+             over_composite: str = "", resizes_out: bool = False, scalar_fits: str | tuple = (),
              computes_in_out_dtype: bool = False) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
@@ -208,7 +209,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
             LOWERINGS[op] = Lowering(op, fn, frozenset(static), jit, random, frozenset(traced), pad,
                                      "" if pad is not None else not_paddable, index_probes, host_indices, eager,
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
-                                     tuple(sorted((split or {}).items())), own_gradient, resizes_out,
+                                     tuple(sorted((split or {}).items())), over_composite, resizes_out,
                                      (scalar_fits,) if isinstance(scalar_fits, str) else tuple(scalar_fits),
                                      computes_in_out_dtype)
         return fn
