@@ -45,7 +45,12 @@ def _random_bits(key_data, bit_width: int, shape):
     """JAX's partitionable threefry bits: the hash of each element's 64-bit index, as two
     uint32 words; 32 bits are their xor, 64 their concatenation, 8 and 16 the xor's low bits."""
     size = math.prod(shape)
-    index = jax.lax.iota(jnp.uint64 if size > 2**32 else jnp.uint32, size).reshape(shape)
+    dtype = jnp.uint64 if size > 2**32 else jnp.uint32
+    # the row-major index as a sum of per-dimension iotas (not a reshaped 1-D iota), which XLA's SPMD
+    # partitioner splits along any dimension, as JAX's own iota_2x32_shape lowers it
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    index = sum((jax.lax.broadcasted_iota(dtype, shape, d) * dtype(stride) for d, stride in enumerate(strides)),
+                jnp.zeros(shape, dtype))
     high = (index >> 32).astype(jnp.uint32) if size > 2**32 else jnp.zeros(shape, jnp.uint32)
     bits1, bits2 = _threefry2x32(key_data[0], key_data[1], high, index.astype(jnp.uint32))
     if bit_width == 64:
