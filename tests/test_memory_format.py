@@ -34,7 +34,23 @@ OPS = {
     "mul with a contiguous tensor": lambda t: t * t.contiguous(),
     "batch_norm": lambda t: F.batch_norm(t, None, None, training=True),
     "gelu": F.gelu,
+    # torch's meta kernels lay these out row-major; CPU's and CUDA's kernels follow the input
+    # (the entries' output_memory_format)
+    "conv2d": lambda t: F.conv2d(t, _weight(t, 4, 3, 3, 3)),
+    "conv2d, a channels_last weight over a contiguous input": lambda t: F.conv2d(t.contiguous(), _weight(t, 4, 3, 3, 3, cl=True)),
+    "conv2d, both contiguous": lambda t: F.conv2d(t.contiguous(), _weight(t, 4, 3, 3, 3)),
+    "conv_transpose2d": lambda t: F.conv_transpose2d(t, _weight(t, 3, 2, 3, 3), stride=2),
+    "reflection_pad2d": lambda t: F.pad(t, (1, 2, 2, 1), mode="reflect"),
+    "replication_pad2d": lambda t: F.pad(t, (1, 2, 2, 1), mode="replicate"),
+    "batch_norm with running statistics": lambda t: F.batch_norm(t, torch.zeros(3, device=t.device),
+                                                                 torch.ones(3, device=t.device), training=True),
+    "batch_norm in evaluation": lambda t: F.batch_norm(t, torch.zeros(3, device=t.device), torch.ones(3, device=t.device)),
 }
+
+
+def _weight(like, *shape, cl=False):
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    return (w.to(memory_format=CL) if cl else w).to(like.device)
 
 
 @pytest.mark.parametrize("name", sorted(OPS))
@@ -133,3 +149,15 @@ def test_an_op_without_a_meta_kernel_keeps_cpus_strides(batch):
     c = torch.randn(*batch, 5, 3)
     torch.testing.assert_close(torch.ormqr(actual, actual_tau, c.to("pjrt")).cpu(), torch.ormqr(reflectors, tau, c),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_an_empty_channels_last_tensor_keeps_its_strides():
+    """An empty tensor is "contiguous" whatever its strides; its copies keep them, as CPU's do
+    (ModuleInfo's BatchNorm2d takes a channels_last batch of 0)."""
+    x = torch.randn(0, 5, 2, 2).to(memory_format=CL)
+    moved = x.to("pjrt")
+    assert moved.stride() == x.stride()
+    assert moved.clone().stride() == x.clone().stride()
+    norm = torch.nn.BatchNorm2d(5, affine=False).eval()
+    expected = norm(x).stride()
+    assert norm.to("pjrt")(moved).stride() == expected

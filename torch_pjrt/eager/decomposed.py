@@ -118,6 +118,10 @@ class _Program:
                    for n in tree_flatten(program.output_args)[0]]
         self.device = program.device
         self.metas = [o for o in outputs if isinstance(o, torch.Tensor)]
+        # an entry's output_memory_format (native_batch_norm: CPU keeps a channels_last input's format)
+        from .errors import in_memory_format
+
+        self.metas = list(in_memory_format(LOWERINGS.get(op), Signature.of(op).bind(args, kwargs), self.metas))
 
         def run(*inputs):
             arrays, new_values = program.function((), program.constants, *inputs)

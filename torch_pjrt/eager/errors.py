@@ -241,9 +241,24 @@ def meta_check(lowering, sig, values, concrete=None):
     kind = _call_kind(values)
     if (op, kind) in _META_UNRELIABLE:
         return None
-    outputs, refusal = _run_meta(op, *sig.split(meta_values(lowering, sig, values, concrete)))
+    metas = meta_values(lowering, sig, values, concrete)
+    outputs, refusal = _run_meta(op, *sig.split(metas))
     if refusal is not None and not replaying:  # the oracle decides what to raise
         raise MetaRejected(refusal, kind) from None
+    return in_memory_format(lowering, metas, outputs)
+
+
+def in_memory_format(lowering, values: list, outputs):
+    """`outputs` (meta tensors) with the first laid out in the entry's `output_memory_format` of
+    `values`, where it has one (CPU's kernels follow a channels_last input; torch's meta kernels
+    do not)."""
+    if lowering is None or lowering.output_memory_format is None or outputs is None:
+        return outputs
+    fmt = lowering.output_memory_format(values)
+    if isinstance(outputs, torch.Tensor):
+        return outputs.contiguous(memory_format=fmt)
+    if isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
+        return type(outputs)([outputs[0].contiguous(memory_format=fmt), *outputs[1:]])
     return outputs
 
 

@@ -404,7 +404,17 @@ def _traced_call(call: OpCall, *values):
     them out (a channels_last input gives a channels_last output, as on CPU)."""
     stats.traced(call.op, call.sig.names, values)
     meta = errors.meta_check(call.lowering, call.sig, values, _concrete.get(call))
-    return storage.laid_out(call.lower(*values), meta)
+    return storage.laid_out(call.lower(*values), _as_results(call.sig, meta))
+
+
+def _as_results(sig, meta):
+    """The meta kernel's outputs (the op's returns) beside the lowering's results: an op that writes
+    arguments returns their new values first, then its fresh outputs (registry.py), so only those
+    take a layout from meta (batch norm's output, after the running statistics)."""
+    if not sig.written or not isinstance(meta, (tuple, list)):
+        return meta
+    fresh = [m for m, argument in zip(meta, sig.returned_arguments) if argument is None]
+    return [None] * len(sig.written) + fresh
 
 
 def _in_range(op, lowering: Lowering):

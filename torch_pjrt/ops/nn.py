@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from torch._prims_common import suggest_memory_format
 from jax import lax
 from ..dtypes import to_jax, to_torch
 from .promotion import cast, promote, require_dtype
-from .registry import family, BATCH_ONLY, Padding
+from .registry import family, BATCH_ONLY, Padding, suggested_memory_format
 
 lowering = family(not_paddable="no padding rule yet: it mixes elements along its dims (normalization, pooling, losses)")
 
@@ -487,7 +488,8 @@ def _native_batch_norm_eager(input, weight, bias, running_mean, running_var, tra
     return aten._native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowering(aten.native_batch_norm.default, decomposition=_native_batch_norm_eager)
+@lowering(aten.native_batch_norm.default, decomposition=_native_batch_norm_eager,
+          output_memory_format=suggested_memory_format)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     # torch's schema hides that training also updates running_mean/running_var in place.
     # Eager pjrt never calls this lowering (its `decomposition` serves eager); a consumer that
@@ -495,17 +497,17 @@ def native_batch_norm(input, weight, bias, running_mean, running_var, training, 
     return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)[:3]
 
 
-@lowering(aten._native_batch_norm_legit.no_stats)
+@lowering(aten._native_batch_norm_legit.no_stats, output_memory_format=suggested_memory_format)
 def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
     return _batch_norm(input, weight, bias, None, None, training, momentum, eps)[:3]
 
 
-@lowering(aten._native_batch_norm_legit_no_training.default, padding=BATCH_ONLY)
+@lowering(aten._native_batch_norm_legit_no_training.default, padding=BATCH_ONLY, output_memory_format=suggested_memory_format)
 def _native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
 
-@lowering(aten._native_batch_norm_legit_functional.default)
+@lowering(aten._native_batch_norm_legit_functional.default, output_memory_format=suggested_memory_format)
 def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
     out, save_mean, save_invstd, new_rm, new_rv = _batch_norm(
         input, weight, bias, running_mean, running_var, training, momentum, eps)
@@ -519,7 +521,7 @@ def batch_norm_running_stats(input, weight, bias, running_mean, running_var, tra
     return new_rm, new_rv
 
 
-@lowering(aten._native_batch_norm_legit.default)
+@lowering(aten._native_batch_norm_legit.default, output_memory_format=suggested_memory_format)
 def _native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """Writes running_mean and running_var (returned first, per registry.py) when training."""
     out, save_mean, save_invstd, new_rm, new_rv = _batch_norm(
@@ -656,7 +658,19 @@ def _check_conv_params(stride, padding, dilation, output_padding):
         raise ValueError("non-positive dilation")
 
 
-@lowering(aten.convolution.default, padding=Padding("convolution"))
+def _convolution_memory_format(values) -> torch.memory_format:
+    """CPU's (mkldnn_conv_use_channels_last) and CUDA's (cudnn_conv_suggest_memory_format) rule:
+    channels_last output where the input or the weight is channels_last."""
+    input, weight = values[0], values[1]
+    if input.dim() in (4, 5):
+        for t in (input, weight):
+            suggested = suggest_memory_format(t)
+            if suggested != torch.contiguous_format:
+                return suggested
+    return torch.contiguous_format
+
+
+@lowering(aten.convolution.default, padding=Padding("convolution"), output_memory_format=_convolution_memory_format)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     nd = weight.ndim - 2
     _check_conv_params(stride, padding, dilation, output_padding)

@@ -177,9 +177,22 @@ class Lowering:
     # 1; an integer out of a float input is accepted): eager's out= kernel passes out's dtype as `dtype`,
     # and the in-place kernel self's (CPU's cumsum_ is cumsum_out(self, self): a bool self is refused).
     computes_in_out_dtype: bool = False
+    # Where torch's meta kernel lays the output out row-major but CPU's and CUDA's kernels follow
+    # their input's memory format (convolution, reflection and replication padding, batch norm keep a
+    # channels_last input channels_last): the call's values (schema order, tensors with their
+    # strides) -> the (first) output's memory format. Eager lays that output out so.
+    output_memory_format: Callable[[list], torch.memory_format] | None = None
 
 
 LOWERINGS: dict[OpOverload, Lowering] = {}
+
+
+def suggested_memory_format(values) -> torch.memory_format:
+    """An `output_memory_format` rule: the first argument's suggested memory format (channels_last
+    where its strides are), the layout CPU's and CUDA's kernels give an output that follows it."""
+    from torch._prims_common import suggest_memory_format
+
+    return suggest_memory_format(values[0])
 
 
 def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, random: bool = False,
@@ -189,7 +202,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
              tests: TestCases = NO_TEST_CASES, grows: Callable | None = None,
              in_range: Callable | None = None, split: dict | None = None,
              over_composite: str = "", resizes_out: bool = False, scalar_fits: str | tuple = (),
-             computes_in_out_dtype: bool = False) -> Callable:
+             computes_in_out_dtype: bool = False, output_memory_format: Callable | None = None) -> Callable:
     """Register `fn` as the lowering of each overload in `ops`, with its traits. An op torch
     tags pointwise pads as POINTWISE unless told otherwise; any other op names its padding
     rule or says why it has none (`family` gives a module's ops one reason)."""
@@ -211,7 +224,7 @@ def lowering(*ops: OpOverload, static: Iterable[str] = (), jit: bool = True, ran
                                      jit_for_integer_indices, decomposition, tests, grows, in_range,
                                      tuple(sorted((split or {}).items())), over_composite, resizes_out,
                                      (scalar_fits,) if isinstance(scalar_fits, str) else tuple(scalar_fits),
-                                     computes_in_out_dtype)
+                                     computes_in_out_dtype, output_memory_format)
         return fn
 
     return register

@@ -17,7 +17,7 @@ from ..dtypes import astype, to_jax, to_torch
 from . import core
 from .growth import Growth, PaddedOperand
 from .promotion import default_float, promote
-from .registry import family, FACTORY, Padding, refusal, SAME
+from .registry import family, FACTORY, Padding, refusal, SAME, suggested_memory_format
 from .views import wrap_dim
 
 lowering = family(not_paddable="no padding rule yet: it moves elements along a possibly padded dim (flip, roll, pad)")
@@ -273,7 +273,7 @@ def _register_pad(name, mode, nd):
 
     forward.__name__ = forward.__qualname__ = name
     backward.__name__ = backward.__qualname__ = name + "_backward"
-    return lowering(fwd_op)(forward), lowering(bwd_op)(backward)
+    return lowering(fwd_op, output_memory_format=suggested_memory_format)(forward), lowering(bwd_op)(backward)
 
 
 reflection_pad1d, reflection_pad1d_backward = _register_pad("reflection_pad1d", "reflect", 1)

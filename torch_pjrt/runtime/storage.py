@@ -193,7 +193,7 @@ def layout_of(t: torch.Tensor, memory_format=None) -> tuple | None:
     """The dim permutation (outermost first) of the layout torch gives a copy of `t` with
     `memory_format` (None: preserve), when that layout is dense but not row-major; else None."""
     if memory_format in (None, torch.preserve_format):
-        if t.is_contiguous():
+        if t.is_contiguous() and t.numel():  # (an empty tensor is "contiguous" whatever its strides)
             return None
         perm = _dense_permutation(t, t)
         return perm if perm is not None else _preserved_layout(tuple(t.shape), tuple(t.stride()))

@@ -803,10 +803,12 @@ class FastKernel : public c10::OperatorKernel {
 };
 
 // Whether a copy of `self` in `format` (clone's, _to_copy's memory_format) is row-major:
-// contiguous_format, or preserve_format (the default) of a contiguous tensor.
+// contiguous_format, or preserve_format (the default) of a contiguous tensor. An empty tensor is
+// "contiguous" whatever its strides, and its copy keeps them (a channels_last batch of 0): the
+// Python kernel lays it out.
 static bool copies_row_major(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
   return format && *format != c10::MemoryFormat::Preserve ? *format == c10::MemoryFormat::Contiguous
-                                                          : self.is_contiguous();
+                                                          : self.is_contiguous() && self.numel() > 0;
 }
 
 // aten::clone of a pjrt tensor whose copy is row-major (contiguous_format, or preserve_format of
