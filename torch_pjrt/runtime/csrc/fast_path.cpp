@@ -802,13 +802,24 @@ class FastKernel : public c10::OperatorKernel {
   CallRecorder recorder_;  // fused mode's recorder of this kernel's calls
 };
 
+// Whether `t`'s strides are row-major ones (size-1 dims aside). An empty tensor is "contiguous"
+// whatever its strides, and a copy keeps them (a channels_last batch of 0), so is_contiguous()
+// does not say.
+static bool row_major_strides(const at::Tensor& t) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= std::max<int64_t>(t.size(d), 1);
+  }
+  return true;
+}
+
 // Whether a copy of `self` in `format` (clone's, _to_copy's memory_format) is row-major:
-// contiguous_format, or preserve_format (the default) of a contiguous tensor. An empty tensor is
-// "contiguous" whatever its strides, and its copy keeps them (a channels_last batch of 0): the
-// Python kernel lays it out.
+// contiguous_format, or preserve_format (the default) of a row-major tensor.
 static bool copies_row_major(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
   return format && *format != c10::MemoryFormat::Preserve ? *format == c10::MemoryFormat::Contiguous
-                                                          : self.is_contiguous() && self.numel() > 0;
+                                                          : self.numel() > 0 ? self.is_contiguous()
+                                                                             : row_major_strides(self);
 }
 
 // aten::clone of a pjrt tensor whose copy is row-major (contiguous_format, or preserve_format of
