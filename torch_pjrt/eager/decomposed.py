@@ -28,6 +28,7 @@ from ..ops.registry import LOWERINGS
 from ..ops.signature import Signature
 from ..runtime import default_dtype, fused, storage
 from ..runtime.fused import Recordable
+from .errors import in_memory_format
 from .graph import GraphProgram, signature
 
 NOT_TRACED = object()
@@ -119,8 +120,6 @@ class _Program:
         self.device = program.device
         self.metas = [o for o in outputs if isinstance(o, torch.Tensor)]
         # an entry's output_memory_format (native_batch_norm: CPU keeps a channels_last input's format)
-        from .errors import in_memory_format
-
         self.metas = list(in_memory_format(LOWERINGS.get(op), Signature.of(op).bind(args, kwargs), self.metas))
 
         def run(*inputs):

@@ -44,14 +44,14 @@ def _threefry2x32(k1, k2, x1, x2):
 def _random_bits(key_data, bit_width: int, shape):
     """JAX's partitionable threefry bits: the hash of each element's 64-bit index, as two
     uint32 words; 32 bits are their xor, 64 their concatenation, 8 and 16 the xor's low bits."""
-    size = math.prod(shape)
-    dtype = jnp.uint64 if size > 2**32 else jnp.uint32
+    wide = math.prod(shape) > 2**32  # indices past 32 bits
+    dtype = jnp.uint64 if wide else jnp.uint32
     # the row-major index as a sum of per-dimension iotas (not a reshaped 1-D iota), which XLA's SPMD
     # partitioner splits along any dimension, as JAX's own iota_2x32_shape lowers it
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     index = sum((jax.lax.broadcasted_iota(dtype, shape, d) * dtype(stride) for d, stride in enumerate(strides)),
                 jnp.zeros(shape, dtype))
-    high = (index >> 32).astype(jnp.uint32) if size > 2**32 else jnp.zeros(shape, jnp.uint32)
+    high = (index >> 32).astype(jnp.uint32) if wide else jnp.zeros(shape, jnp.uint32)
     bits1, bits2 = _threefry2x32(key_data[0], key_data[1], high, index.astype(jnp.uint32))
     if bit_width == 64:
         return (bits1.astype(jnp.uint64) << np.uint64(32)) | bits2.astype(jnp.uint64)

@@ -44,6 +44,7 @@ from typing import Callable, Iterable, Iterator
 
 import jax
 import torch
+from torch._prims_common import suggest_memory_format
 
 OpOverload = torch._ops.OpOverload
 
@@ -190,8 +191,6 @@ LOWERINGS: dict[OpOverload, Lowering] = {}
 def suggested_memory_format(values) -> torch.memory_format:
     """An `output_memory_format` rule: the first argument's suggested memory format (channels_last
     where its strides are), the layout CPU's and CUDA's kernels give an output that follows it."""
-    from torch._prims_common import suggest_memory_format
-
     return suggest_memory_format(values[0])
 
 

@@ -17,8 +17,8 @@ executables, ~3 GB).
 So every executable built (JAX's backend-compile event: compiled, or read from the persistent
 cache) is counted; every `CHECK_EVERY` builds the process's maps are counted, and past the budget,
 at the next safe point (Python between calls: a fused region's run, a Python kernel, a compiled
-graph's call), `jax.clear_caches()` drops every in-memory executable. Those still in use are built again on their next call, from the persistent cache in
-about a millisecond each. `released()` says how many times it happened (eager_stats reports it).
+graph's call), `jax.clear_caches()` drops every in-memory executable. Those still in use are built
+again on their next call, from the persistent cache in about a millisecond each. `released()` says how many times it happened (eager_stats reports it).
 """
 from __future__ import annotations
 
